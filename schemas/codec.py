@@ -1,0 +1,72 @@
+"""msgpack codec: maps with a version field, numpy tensors as extension type 1.
+
+A tensor travels as ``ExtType(1, msgpack([dtype, shape, data]))`` where ``dtype`` is a
+numpy dtype string (``"<f4"``), ``shape`` a list of ints and ``data`` the raw C-order
+bytes. No pickle, ever: decoding only builds numpy arrays of plain numeric dtypes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+
+TENSOR_EXT = 1
+SCHEMA_VERSION = 1
+
+# Plain numeric dtypes only: object/void dtypes would let a peer smuggle arbitrary data.
+ALLOWED_KINDS = frozenset("biuf")
+
+
+class CodecError(ValueError):
+    """A message that is not valid msgpack or carries a malformed tensor."""
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        payload = msgpack.packb([arr.dtype.str, list(arr.shape), arr.tobytes()], use_bin_type=True)
+        return msgpack.ExtType(TENSOR_EXT, payload)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot encode {type(obj).__name__}")
+
+
+def decode_tensor(payload: bytes) -> np.ndarray:
+    try:
+        dtype_s, shape, data = msgpack.unpackb(payload, raw=False)
+        dtype = np.dtype(dtype_s)
+    except Exception as exc:  # noqa: BLE001 - any failure here is a malformed tensor
+        raise CodecError(f"malformed tensor: {exc}") from None
+    if dtype.kind not in ALLOWED_KINDS:
+        raise CodecError(f"tensor dtype {dtype_s!r} is not a plain numeric type")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise CodecError(f"tensor shape must be a list of non-negative ints, got {shape!r}")
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if not isinstance(data, bytes) or len(data) != count * dtype.itemsize:
+        size = len(data) if isinstance(data, bytes) else type(data).__name__
+        raise CodecError(
+            f"tensor data is {size} bytes but dtype {dtype_s} shape {shape} needs {count * dtype.itemsize}"
+        )
+    # frombuffer is zero-copy and read-only; callers that mutate must copy.
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == TENSOR_EXT:
+        return decode_tensor(data)
+    raise CodecError(f"unknown msgpack extension type {code}")
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, default=_default, use_bin_type=True)
+
+
+def unpack(data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    except CodecError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad input
+        raise CodecError(f"not valid msgpack: {exc.__class__.__name__}: {exc}") from None

@@ -1,0 +1,211 @@
+"""Typed wire messages. ``schemas/README.md`` documents each field.
+
+Every message is a msgpack map with ``"v": SCHEMA_VERSION``. ``decode_*`` functions
+validate and raise :class:`ServingError` (``bad_request``) with a message that says
+exactly what is wrong, so a service can turn any bad input into an error reply.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from schemas import errors
+from schemas.codec import SCHEMA_VERSION, CodecError, pack, unpack
+from schemas.errors import ServingError
+
+
+def _bad(message: str) -> ServingError:
+    return ServingError(errors.BAD_REQUEST, message)
+
+
+def decode_map(data: bytes) -> dict[str, Any]:
+    """Unpack a message and check it is a map of the supported schema version."""
+    try:
+        msg = unpack(data)
+    except CodecError as exc:
+        raise _bad(str(exc)) from None
+    if not isinstance(msg, dict):
+        raise _bad(f"message must be a msgpack map, got {type(msg).__name__}")
+    version = msg.get("v")
+    if version != SCHEMA_VERSION:
+        raise _bad(f"unsupported schema version {version!r}; this server speaks v={SCHEMA_VERSION}")
+    return msg
+
+
+# ---------------------------------------------------------------- client contract
+
+
+@dataclass(slots=True)
+class InferRequest:
+    id: str
+    model: str
+    inputs: dict[str, np.ndarray]
+    slo_ms: float | None
+
+    def encode(self) -> bytes:
+        msg: dict[str, Any] = {"v": SCHEMA_VERSION, "id": self.id, "model": self.model,
+                               "inputs": self.inputs}
+        if self.slo_ms is not None:
+            msg["slo_ms"] = float(self.slo_ms)
+        return pack(msg)
+
+
+def decode_infer_request(msg: dict[str, Any], subject_model: str) -> InferRequest:
+    """Validate the envelope of a request (tensor shapes are checked against the model later)."""
+    rid = msg.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise _bad("field 'id' must be a non-empty string")
+    model = msg.get("model", subject_model)
+    if model != subject_model:
+        raise ServingError(errors.BAD_REQUEST,
+                           f"field 'model' is {model!r} but the request was sent to {subject_model!r}")
+    inputs = msg.get("inputs")
+    if not isinstance(inputs, dict) or not inputs:
+        raise _bad("field 'inputs' must be a non-empty map of name -> tensor")
+    for name, value in inputs.items():
+        if not isinstance(value, np.ndarray):
+            raise _bad(f"input {name!r} must be a tensor (msgpack ext type 1), got {type(value).__name__}")
+    slo = msg.get("slo_ms")
+    if slo is not None:
+        if isinstance(slo, bool) or not isinstance(slo, (int, float)) or not math.isfinite(slo) or slo <= 0:
+            raise _bad(f"field 'slo_ms' must be a positive number, got {slo!r}")
+        slo = float(slo)
+    return InferRequest(id=rid, model=model, inputs=inputs, slo_ms=slo)
+
+
+def encode_reply(rid: str, model: str, outputs: dict[str, np.ndarray], label: int, score: float,
+                 exit_index: int, early: bool, latency_ms: float, config_version: int) -> bytes:
+    return pack({"v": SCHEMA_VERSION, "id": rid, "model": model, "outputs": outputs,
+                 "label": int(label), "score": float(score), "exit": int(exit_index),
+                 "early": bool(early), "latency_ms": float(latency_ms),
+                 "config_version": int(config_version)})
+
+
+def encode_error(rid: str | None, code: str, message: str, **extra: Any) -> bytes:
+    err: dict[str, Any] = {"code": code, "message": message}
+    err.update(extra)
+    return pack({"v": SCHEMA_VERSION, "id": rid, "error": err})
+
+
+def error_from(exc: ServingError, rid: str | None) -> bytes:
+    return encode_error(rid, exc.code, exc.message, **exc.extra)
+
+
+# ---------------------------------------------------------------- internal messages
+
+
+@dataclass(slots=True)
+class Batch:
+    """A batch entering a stage: router -> first stage, or stage k -> stage k+1.
+
+    ``ramp_pred``/``ramp_score`` accumulate the records of ramps already evaluated
+    (rows in ``ramp_ids`` order) so the last stage can emit complete telemetry;
+    ``exit_at`` holds, per sample, the ramp whose early result was already sent (-1: none).
+    """
+
+    batch_id: str
+    model: str
+    stage: int
+    router: str
+    ids: list[str]
+    config_version: int
+    inputs: dict[str, np.ndarray]
+    ramp_ids: list[int] = field(default_factory=list)
+    ramp_pred: np.ndarray | None = None
+    ramp_score: np.ndarray | None = None
+    exit_at: np.ndarray | None = None
+    stage_ms: list[float] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        return pack({"v": SCHEMA_VERSION, "batch_id": self.batch_id, "model": self.model,
+                     "stage": self.stage, "router": self.router, "ids": self.ids,
+                     "config_version": self.config_version, "inputs": self.inputs,
+                     "ramp_ids": self.ramp_ids, "ramp_pred": self.ramp_pred,
+                     "ramp_score": self.ramp_score, "exit_at": self.exit_at,
+                     "stage_ms": self.stage_ms})
+
+    @classmethod
+    def decode(cls, msg: dict[str, Any]) -> Batch:
+        try:
+            return cls(batch_id=msg["batch_id"], model=msg["model"], stage=int(msg["stage"]),
+                       router=msg["router"], ids=list(msg["ids"]),
+                       config_version=int(msg["config_version"]), inputs=dict(msg["inputs"]),
+                       ramp_ids=list(msg.get("ramp_ids") or []), ramp_pred=msg.get("ramp_pred"),
+                       ramp_score=msg.get("ramp_score"), exit_at=msg.get("exit_at"),
+                       stage_ms=list(msg.get("stage_ms") or []))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _bad(f"malformed batch: {exc!r}") from None
+
+
+@dataclass(slots=True)
+class Results:
+    """Answers for some samples of a batch (early exits or finals), worker -> router.
+
+    ``release`` tells the router the first-stage worker finished the batch and its
+    credit is free; ``error`` reports a batch that failed as a whole.
+    """
+
+    batch_id: str
+    worker: str
+    stage: int
+    ids: list[str]
+    labels: np.ndarray
+    scores: np.ndarray
+    exits: np.ndarray
+    logits: np.ndarray | None
+    early: bool
+    config_version: int
+    release: bool = False
+    error: dict[str, str] | None = None
+
+    def encode(self) -> bytes:
+        return pack({"v": SCHEMA_VERSION, "batch_id": self.batch_id, "worker": self.worker,
+                     "stage": self.stage, "ids": self.ids, "labels": self.labels,
+                     "scores": self.scores, "exits": self.exits, "logits": self.logits,
+                     "early": self.early, "config_version": self.config_version,
+                     "release": self.release, "error": self.error})
+
+    @classmethod
+    def decode(cls, msg: dict[str, Any]) -> Results:
+        return cls(batch_id=msg["batch_id"], worker=msg["worker"], stage=int(msg["stage"]),
+                   ids=list(msg["ids"]), labels=msg["labels"], scores=msg["scores"],
+                   exits=msg["exits"], logits=msg.get("logits"), early=bool(msg["early"]),
+                   config_version=int(msg["config_version"]), release=bool(msg.get("release")),
+                   error=msg.get("error"))
+
+
+@dataclass(slots=True)
+class ExitConfig:
+    """Thresholds (ramp index -> threshold on the exit score) and active ramps.
+
+    A sample exits at the earliest active ramp whose score is strictly below its
+    threshold; a threshold of 0 therefore never exits.
+    """
+
+    model: str
+    version: int
+    mode: str = "latency"
+    thresholds: dict[int, float] = field(default_factory=dict)
+    active: list[int] = field(default_factory=list)
+    score: str = "max_softmax"
+
+    def encode(self) -> bytes:
+        return pack({"v": SCHEMA_VERSION, "model": self.model, "version": self.version,
+                     "mode": self.mode, "thresholds": {int(k): float(v) for k, v in self.thresholds.items()},
+                     "active": [int(r) for r in self.active], "score": self.score})
+
+    @classmethod
+    def decode(cls, msg: dict[str, Any]) -> ExitConfig:
+        return cls(model=msg["model"], version=int(msg["version"]), mode=msg.get("mode", "latency"),
+                   thresholds={int(k): float(v) for k, v in (msg.get("thresholds") or {}).items()},
+                   active=[int(r) for r in msg.get("active") or []],
+                   score=msg.get("score", "max_softmax"))
+
+
+def encode_map(**fields: Any) -> bytes:
+    """Encode a free-form internal message (heartbeats, telemetry, status)."""
+    return pack({"v": SCHEMA_VERSION, **fields})

@@ -1,0 +1,62 @@
+"""NATS subject names: the one place they are spelled."""
+
+from __future__ import annotations
+
+PREFIX = "offramp"
+
+MODELS = f"{PREFIX}.models"                      # request-reply: model metadata
+STATUS_ROUTER = f"{PREFIX}.status.router"        # request-reply: router state
+STATUS_MONITOR = f"{PREFIX}.status.monitor"      # request-reply: monitor state
+HEARTBEAT = f"{PREFIX}.worker.heartbeat"         # worker -> router/status: liveness + credit
+TELEMETRY_STREAM = "OFFRAMP_TELEMETRY"           # JetStream stream capturing telemetry.>
+TELEMETRY_ALL = f"{PREFIX}.telemetry.>"
+
+ROUTER_QUEUE = "offramp-router"
+MONITOR_DURABLE = "offramp-monitor"
+
+
+def infer(model: str) -> str:
+    """Client requests (request-reply)."""
+    return f"{PREFIX}.infer.{model}"
+
+
+INFER_ALL = f"{PREFIX}.infer.*"
+
+
+def work(worker_id: str) -> str:
+    """Batches addressed to one first-stage worker (the router holds its credit)."""
+    return f"{PREFIX}.work.{worker_id}"
+
+
+def stage(model: str, index: int) -> str:
+    """Activations for stage ``index`` of ``model`` (queue group per stage)."""
+    return f"{PREFIX}.stage.{model}.{index}"
+
+
+def stage_queue(model: str, index: int) -> str:
+    return f"stage-{model}-{index}"
+
+
+def results(router_id: str) -> str:
+    """Early and final results flowing back to the router that owns the requests."""
+    return f"{PREFIX}.results.{router_id}"
+
+
+def exit_config(model: str) -> str:
+    """Versioned exit configs broadcast to every worker of ``model``."""
+    return f"{PREFIX}.config.{model}"
+
+
+def telemetry_samples(model: str) -> str:
+    """Per-batch sample telemetry from last-stage workers (stored in JetStream)."""
+    return f"{PREFIX}.telemetry.samples.{model}"
+
+
+def telemetry_requests(model: str) -> str:
+    """Per-request outcomes from the router (stored in JetStream)."""
+    return f"{PREFIX}.telemetry.requests.{model}"
+
+
+def valid_model_name(name: str) -> bool:
+    """A model name must be one NATS subject token."""
+    return bool(name) and not any(c in name for c in " .*>\t\r\n")

@@ -1,0 +1,120 @@
+"""``offramp bench overhead``: in-process ONNX Runtime vs the full pipeline, side by side.
+
+1. Light load: the same inputs alternate between an in-process run of the model's
+   stage (the very code a worker runs: every block and ramp, ONNX Runtime) and one
+   request through NATS -> router -> worker -> router -> client. Overhead = the
+   difference of medians.
+2. Sustained: a closed loop with many requests in flight on a trivial model through
+   router + one worker; requests/s and p99.
+Always a live run on this machine (no simulation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+from services.common import bus
+from services.common import config as config_mod
+from services.common.client import infer
+from services.common.load import drive, percentile
+from services.common.supervisor import Deployment, Supervisor, prepare_state
+
+
+def _inprocess(cfg, model: str):
+    from services.models.manifest import Manifest
+    from services.models.runtime import StageRuntime
+    from services.worker.exits import initial_config
+    from services.worker.stage_exec import execute
+
+    manifest = Manifest.load(cfg.models_dir / model)
+    runtime = StageRuntime(cfg.models_dir / model, manifest, 0, len(manifest.blocks),
+                           device=cfg.device, threads=cfg.ort_threads)
+    config = initial_config(model, [r.index for r in manifest.ramps])
+
+    def run(inputs: dict[str, np.ndarray]) -> float:
+        batch = {k: v[None] for k, v in inputs.items()}
+        t0 = time.perf_counter()
+        execute(runtime, manifest.ramps, 0, len(manifest.blocks), batch,
+                np.full(1, -1, np.int32), config)
+        return (time.perf_counter() - t0) * 1e3
+
+    return run
+
+
+async def _measure(cfg, url: str, args: argparse.Namespace) -> dict:
+    from services.models.zoo import sample_inputs
+
+    run_local = _inprocess(cfg, args.model)
+    batch = sample_inputs(args.model, min(args.requests, 64), seed=3)
+    samples = [{k: v[i] for k, v in batch.items()} for i in range(len(next(iter(batch.values()))))]
+    nc = await bus.connect(url, "offramp-bench")
+    for s in samples[:10]:  # warm both paths
+        run_local(s)
+        await infer(nc, args.model, s, timeout=10)
+    local, piped = [], []
+    for i in range(args.requests):
+        s = samples[i % len(samples)]
+        local.append(run_local(s))
+        t0 = time.perf_counter()
+        await infer(nc, args.model, s, timeout=10)
+        piped.append((time.perf_counter() - t0) * 1e3)
+        if (i + 1) % max(1, args.requests // 10) == 0:
+            print(f"light load {i + 1}/{args.requests}", file=sys.stderr, flush=True)
+
+    tiny = sample_inputs(args.trivial_model, 256, seed=4)
+    tiny_inputs = [{k: v[i] for k, v in tiny.items()} for i in range(256)]
+    await drive(nc, args.trivial_model, tiny_inputs, args.concurrency, duration_s=1.0)  # warm-up
+    print(f"sustained load: {args.concurrency} in flight for {args.duration:.0f}s ...",
+          file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    outs = await drive(nc, args.trivial_model, tiny_inputs, args.concurrency,
+                       duration_s=args.duration)
+    wall = time.perf_counter() - t0
+    await nc.close()
+    ok = [o.latency_ms for o in outs if o.ok]
+    inp50, pip50 = percentile(local, 50), percentile(piped, 50)
+    return {
+        "mode": "live", "model": args.model, "trivial_model": args.trivial_model,
+        "requests": args.requests, "inprocess_p50_ms": inp50, "inprocess_p99_ms": percentile(local, 99),
+        "pipeline_p50_ms": pip50, "pipeline_p99_ms": percentile(piped, 99),
+        "overhead_p50_ms": pip50 - inp50,
+        "sustained_rps": len(ok) / wall, "sustained_p50_ms": percentile(ok, 50),
+        "sustained_p99_ms": percentile(ok, 99), "sustained_errors": len(outs) - len(ok),
+        "sustained_concurrency": args.concurrency, "sustained_duration_s": wall,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+    }
+
+
+def run_overhead(args: argparse.Namespace) -> int:
+    os.environ["OFFRAMP_MODELS"] = f"{args.model},{args.trivial_model}"
+    cfg = config_mod.load()
+    prepare_state(cfg, say=lambda m: print(m, file=sys.stderr))
+    sup = Supervisor(cfg, Deployment(cfg.models), log_dir=cfg.home / "logs")
+    try:
+        url = sup.start()
+        sup.wait_ready()
+        result = asyncio.run(_measure(cfg, url, args))
+    finally:
+        sup.stop()
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=2)
+    rows = [("in-process p50 / p99", f"{result['inprocess_p50_ms']:.2f} / {result['inprocess_p99_ms']:.2f} ms"),
+            ("pipeline p50 / p99", f"{result['pipeline_p50_ms']:.2f} / {result['pipeline_p99_ms']:.2f} ms"),
+            ("added p50 overhead", f"{result['overhead_p50_ms']:.2f} ms"),
+            (f"sustained ({args.trivial_model}, {args.concurrency} in flight)",
+             f"{result['sustained_rps']:.0f} req/s, p99 {result['sustained_p99_ms']:.1f} ms, "
+             f"errors {result['sustained_errors']}")]
+    print(f"\nofframp bench overhead (live, {args.model}; {os.cpu_count()} cores)")
+    for k, v in rows:
+        print(f"  {k:<40} {v}")
+    print(f"  JSON written to {args.json}")
+    return 0

@@ -1,0 +1,260 @@
+"""``offramp`` command line: up | serve | prepare | infer | status | demo | bench | db | exit-config."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from services.common import config as config_mod
+from services.common import logs
+
+SERVICES = ("router", "worker", "monitor")
+
+
+def _parse_cuts(values: list[str]) -> dict[str, list[int]]:
+    out = {}
+    for v in values or []:
+        model, _, cuts = v.partition("=")
+        if not model or not _:
+            raise SystemExit(f"--split takes MODEL=CUT[,CUT...], got {v!r}")
+        out[model] = [int(c) for c in cuts.split(",") if c.strip()]
+    return out
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from services.common.supervisor import Deployment, Supervisor, prepare_state
+
+    cfg = _cfg_with_models(args.models)
+    logs.setup("up", cfg.log_level)
+    prepare_state(cfg, say=lambda m: print(m, file=sys.stderr))
+    sup = Supervisor(cfg, Deployment(cfg.models, _parse_cuts(args.split), args.replicas),
+                     log_dir=Path(args.log_dir) if args.log_dir else None)
+    stop = {"now": False}
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        url = sup.start()
+        print(f"offramp up: NATS at {url} (state in {cfg.home})", flush=True)
+        sup.wait_ready(args.ready_timeout)
+        print(f"offramp up: ready models={','.join(cfg.models)} "
+              f"pids={json.dumps(sup.pids())}", flush=True)
+        while not stop["now"]:
+            sup.poll()
+            time.sleep(0.2)
+        print("offramp up: stopping", flush=True)
+    finally:
+        sup.stop()
+    return 0
+
+
+def _cfg_with_models(models: str | None) -> config_mod.Config:
+    import os
+
+    if models:
+        os.environ["OFFRAMP_MODELS"] = models
+    return config_mod.load()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from services.common.runtime import run_service
+
+    cfg = config_mod.load()
+    if args.service == "router":
+        from services.router.service import serve
+        run_service(lambda stop: serve(cfg, stop))
+    elif args.service == "monitor":
+        from services.monitor.service import serve
+        run_service(lambda stop: serve(cfg, stop))
+    else:
+        from services.worker.service import serve
+        if not args.model:
+            raise SystemExit("serve worker needs --model")
+        cuts = [int(c) for c in args.cuts.split(",") if c.strip()] if args.cuts else []
+        run_service(lambda stop: serve(cfg, stop, args.model, args.stage, cuts))
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from services.models.prepare import prepare
+
+    cfg = config_mod.load()
+    try:
+        path = prepare(args.model, Path(args.models_dir) if args.models_dir else cfg.models_dir,
+                       force=args.force, log=lambda m: print(m, file=sys.stderr))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from services.common import bus
+    from services.common.client import InferError, infer
+
+    cfg = config_mod.load()
+    if args.input:
+        arr = np.load(args.input)
+        inputs = dict(arr) if hasattr(arr, "files") else {args.input_name or "x": arr}
+        if args.input_name is None and not hasattr(arr, "files"):
+            from services.models.manifest import Manifest
+            inputs = {Manifest.load(cfg.models_dir / args.model).inputs[0].name: arr}
+    else:
+        from services.models.zoo import sample_inputs
+        inputs = {k: v[0] for k, v in sample_inputs(args.model, 1, seed=args.seed).items()}
+
+    async def run() -> int:
+        nc = await bus.connect(_nats_url(cfg), "offramp-cli")
+        try:
+            reply = await infer(nc, args.model, inputs, args.slo_ms, timeout=cfg.request_timeout_s)
+        except InferError as exc:
+            print(json.dumps({"error": {"code": exc.code, "message": exc.message}}))
+            return 1
+        finally:
+            await nc.close()
+        reply.pop("outputs", None)
+        print(json.dumps(reply))
+        return 0
+
+    return asyncio.run(run())
+
+
+def _nats_url(cfg: config_mod.Config) -> str:
+    return cfg.nats_url or "nats://127.0.0.1:4222"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from services.status import collect, render
+
+    cfg = config_mod.load()
+    status = asyncio.run(collect(cfg, _nats_url(cfg)))
+    print(json.dumps(status, indent=2, default=str) if args.json else render(status))
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from services.store import migrate
+
+    cfg = config_mod.load()
+    url = args.url or cfg.database_url
+    if args.action == "upgrade":
+        migrate.upgrade(url, args.revision or "head")
+    elif args.action == "downgrade":
+        migrate.downgrade(url, args.revision or "-1")
+    print(migrate.current(url) or "(empty)")
+    return 0
+
+
+def cmd_exit_config(args: argparse.Namespace) -> int:
+    from services.exit_config_cli import set_exit_config
+
+    cfg = config_mod.load()
+    return set_exit_config(cfg, _nats_url(cfg), args.model, args.threshold, args.set,
+                           args.active, args.reason)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from services.demo import run_demo
+
+    return run_demo(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.which == "overhead":
+        from services.bench.overhead import run_overhead
+        return run_overhead(args)
+    raise SystemExit(f"unknown benchmark {args.which!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="offramp", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="embedded NATS + store + every service; Ctrl-C stops all")
+    up.add_argument("--models", help="comma list (default: $OFFRAMP_MODELS)")
+    up.add_argument("--split", action="append", help="MODEL=CUT[,CUT...]: stage cut points")
+    up.add_argument("--replicas", type=int, default=1, help="workers per stage")
+    up.add_argument("--log-dir", help="write each service's log here instead of the terminal")
+    up.add_argument("--ready-timeout", type=float, default=180.0)
+    up.set_defaults(fn=cmd_up)
+
+    serve = sub.add_parser("serve", help="run one service (what `up` and docker-compose start)")
+    serve.add_argument("service", choices=SERVICES)
+    serve.add_argument("--model")
+    serve.add_argument("--stage", type=int, default=0)
+    serve.add_argument("--cuts", default="", help="comma list of block indices where stages split")
+    serve.set_defaults(fn=cmd_serve)
+
+    prep = sub.add_parser("prepare", help="turn a zoo model into an early-exit model")
+    prep.add_argument("model")
+    prep.add_argument("--force", action="store_true")
+    prep.add_argument("--models-dir")
+    prep.set_defaults(fn=cmd_prepare)
+
+    inf = sub.add_parser("infer", help="send one request (a real client of the wire contract)")
+    inf.add_argument("model")
+    inf.add_argument("--input", help=".npy (one sample) or .npz (one array per input name)")
+    inf.add_argument("--input-name")
+    inf.add_argument("--seed", type=int, default=0, help="sample input seed when --input is absent")
+    inf.add_argument("--slo-ms", type=float)
+    inf.set_defaults(fn=cmd_infer)
+
+    st = sub.add_parser("status", help="workers, queues, exit configs, recent latency")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=cmd_status)
+
+    demo = sub.add_parser("demo", help="start the stack, stream real images, print a summary")
+    demo.add_argument("--model", default="efficientnet-lite0")
+    demo.add_argument("--requests", type=int, default=600)
+    demo.add_argument("--concurrency", type=int, default=4)
+    demo.add_argument("--threshold", type=float, default=0.15,
+                      help="static exit threshold on 1 - max softmax for every ramp")
+    demo.add_argument("--json", help="write the summary here too")
+    demo.set_defaults(fn=cmd_demo)
+
+    bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON")
+    bench.add_argument("which", choices=["overhead"])
+    bench.add_argument("--json", required=True, help="output file")
+    bench.add_argument("--model", default="efficientnet-lite0")
+    bench.add_argument("--trivial-model", default="tiny")
+    bench.add_argument("--requests", type=int, default=300)
+    bench.add_argument("--duration", type=float, default=8.0, help="seconds of sustained load")
+    bench.add_argument("--concurrency", type=int, default=256)
+    bench.set_defaults(fn=cmd_bench)
+
+    db = sub.add_parser("db", help="store migrations")
+    db.add_argument("action", choices=["upgrade", "downgrade", "current"])
+    db.add_argument("--revision")
+    db.add_argument("--url", help="database URL (default: $OFFRAMP_DATABASE_URL)")
+    db.set_defaults(fn=cmd_db)
+
+    ec = sub.add_parser("exit-config", help="store and publish a new exit config version")
+    ec.add_argument("model")
+    ec.add_argument("--threshold", type=float, help="one threshold for every active ramp")
+    ec.add_argument("--set", action="append", default=[], help="RAMP=THRESHOLD")
+    ec.add_argument("--active", help="comma list of active ramps (default: all)")
+    ec.add_argument("--reason", default="set by hand (offramp exit-config)")
+    ec.set_defaults(fn=cmd_exit_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    return int(args.fn(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

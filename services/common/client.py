@@ -1,0 +1,51 @@
+"""A Python client of the public contract (``schemas/README.md``): what ``offramp infer``,
+the demo and the benchmarks use. It speaks only the documented wire format."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from schemas import subjects
+from schemas.codec import SCHEMA_VERSION, pack, unpack
+
+
+class InferError(Exception):
+    def __init__(self, code: str, message: str, reply: dict | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.reply = reply or {}
+
+
+async def infer(nc: Client, model: str, inputs: dict[str, np.ndarray], slo_ms: float | None = None,
+                timeout: float = 5.0, request_id: str | None = None) -> dict[str, Any]:
+    """Send one request; return the success reply map or raise :class:`InferError`."""
+    msg: dict[str, Any] = {"v": SCHEMA_VERSION, "id": request_id or uuid.uuid4().hex,
+                           "model": model, "inputs": inputs}
+    if slo_ms is not None:
+        msg["slo_ms"] = float(slo_ms)
+    reply = await request_raw(nc, subjects.infer(model), pack(msg), timeout)
+    if "error" in reply:
+        err = reply["error"] or {}
+        raise InferError(err.get("code", "internal"), err.get("message", ""), reply)
+    return reply
+
+
+async def request_raw(nc: Client, subject: str, data: bytes, timeout: float) -> dict[str, Any]:
+    try:
+        resp = await nc.request(subject, data, timeout=timeout)
+    except NoRespondersError:
+        raise InferError("no_responders", f"nothing serves {subject}: is `offramp up` running?") from None
+    except NatsTimeout:
+        raise InferError("timeout", f"no reply on {subject} within {timeout}s") from None
+    return unpack(resp.data)
+
+
+async def models(nc: Client, timeout: float = 2.0) -> list[dict[str, Any]]:
+    return (await request_raw(nc, subjects.MODELS, b"", timeout))["models"]

@@ -1,0 +1,108 @@
+"""Configuration from ``OFFRAMP_*`` environment variables, with documented defaults.
+
+Every service reads its settings through :func:`load`; nothing else looks at the
+environment, so the README's configuration table and this file stay in step.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+
+def _env(name: str, default: str) -> str:
+    value = os.environ.get(name)
+    return default if value is None or value == "" else value
+
+
+@dataclass(frozen=True)
+class Config:
+    home: Path
+    models_dir: Path
+    database_url: str
+    nats_url: str | None
+    models: tuple[str, ...]
+    log_level: str
+    queue_limit: int
+    max_batch: int
+    batch_timeout_ms: float
+    default_slo_ms: float
+    heartbeat_ms: float
+    worker_credit: int
+    monitor_window: int
+    request_timeout_s: float
+    device: str
+    ort_threads: int
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def as_env(self) -> dict[str, str]:
+        """The environment a child service needs to see this same configuration."""
+        env = {
+            "OFFRAMP_HOME": str(self.home),
+            "OFFRAMP_MODELS_DIR": str(self.models_dir),
+            "OFFRAMP_DATABASE_URL": self.database_url,
+            "OFFRAMP_MODELS": ",".join(self.models),
+            "OFFRAMP_LOG_LEVEL": self.log_level,
+            "OFFRAMP_QUEUE_LIMIT": str(self.queue_limit),
+            "OFFRAMP_MAX_BATCH": str(self.max_batch),
+            "OFFRAMP_BATCH_TIMEOUT_MS": str(self.batch_timeout_ms),
+            "OFFRAMP_DEFAULT_SLO_MS": str(self.default_slo_ms),
+            "OFFRAMP_HEARTBEAT_MS": str(self.heartbeat_ms),
+            "OFFRAMP_WORKER_CREDIT": str(self.worker_credit),
+            "OFFRAMP_MONITOR_WINDOW": str(self.monitor_window),
+            "OFFRAMP_REQUEST_TIMEOUT_S": str(self.request_timeout_s),
+            "OFFRAMP_DEVICE": self.device,
+            "OFFRAMP_ORT_THREADS": str(self.ort_threads),
+        }
+        if self.nats_url:
+            env["OFFRAMP_NATS_URL"] = self.nats_url
+        return env
+
+
+# (variable, default, meaning) — rendered into the README's configuration table.
+DOCUMENTED = [
+    ("OFFRAMP_HOME", "~/.offramp", "state folder: store file, model artifacts, NATS data, logs"),
+    ("OFFRAMP_MODELS_DIR", "$OFFRAMP_HOME/models", "prepared model artifacts"),
+    ("OFFRAMP_DATABASE_URL", "sqlite:///$OFFRAMP_HOME/offramp.db", "SQL store (PostgreSQL URL for clusters)"),
+    ("OFFRAMP_NATS_URL", "(unset: `offramp up` starts its own)", "NATS server to use"),
+    ("OFFRAMP_MODELS", "efficientnet-lite0", "models `offramp up` serves (comma list)"),
+    ("OFFRAMP_LOG_LEVEL", "INFO", "log level of every service"),
+    ("OFFRAMP_QUEUE_LIMIT", "1024", "requests queued per model before `overloaded`"),
+    ("OFFRAMP_MAX_BATCH", "16", "largest batch the router dispatches"),
+    ("OFFRAMP_BATCH_TIMEOUT_MS", "0", "how long a partial batch may wait for more requests"),
+    ("OFFRAMP_DEFAULT_SLO_MS", "1000", "SLO of a request that names none"),
+    ("OFFRAMP_HEARTBEAT_MS", "200", "worker heartbeat period (dead after 3 missed)"),
+    ("OFFRAMP_WORKER_CREDIT", "2", "batches a worker may hold at once (running + queued)"),
+    ("OFFRAMP_MONITOR_WINDOW", "16", "samples per monitor window"),
+    ("OFFRAMP_REQUEST_TIMEOUT_S", "5", "client-side timeout of CLI requests"),
+    ("OFFRAMP_DEVICE", "auto", "auto | cpu | cuda: ONNX Runtime execution provider"),
+    ("OFFRAMP_ORT_THREADS", "0", "ONNX Runtime intra-op threads (0 = runtime default)"),
+]
+
+
+def load() -> Config:
+    home = Path(_env("OFFRAMP_HOME", str(Path.home() / ".offramp"))).expanduser()
+    models_dir = Path(_env("OFFRAMP_MODELS_DIR", str(home / "models"))).expanduser()
+    return Config(
+        home=home,
+        models_dir=models_dir,
+        database_url=_env("OFFRAMP_DATABASE_URL", f"sqlite:///{home / 'offramp.db'}"),
+        nats_url=os.environ.get("OFFRAMP_NATS_URL") or None,
+        models=tuple(m.strip() for m in _env("OFFRAMP_MODELS", "efficientnet-lite0").split(",") if m.strip()),
+        log_level=_env("OFFRAMP_LOG_LEVEL", "INFO").upper(),
+        queue_limit=int(_env("OFFRAMP_QUEUE_LIMIT", "1024")),
+        max_batch=int(_env("OFFRAMP_MAX_BATCH", "16")),
+        batch_timeout_ms=float(_env("OFFRAMP_BATCH_TIMEOUT_MS", "0")),
+        default_slo_ms=float(_env("OFFRAMP_DEFAULT_SLO_MS", "1000")),
+        heartbeat_ms=float(_env("OFFRAMP_HEARTBEAT_MS", "200")),
+        worker_credit=int(_env("OFFRAMP_WORKER_CREDIT", "2")),
+        monitor_window=int(_env("OFFRAMP_MONITOR_WINDOW", "16")),
+        request_timeout_s=float(_env("OFFRAMP_REQUEST_TIMEOUT_S", "5")),
+        device=_env("OFFRAMP_DEVICE", "auto").lower(),
+        ort_threads=int(_env("OFFRAMP_ORT_THREADS", "0")),
+    )
+
+
+def field_names() -> list[str]:
+    return [f.name for f in fields(Config)]

@@ -1,0 +1,84 @@
+"""Closed-loop load generation over the public contract (demo and benchmarks)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from nats.aio.client import Client
+
+from services.common.client import InferError, infer
+
+
+@dataclass(slots=True)
+class Outcome:
+    index: int
+    ok: bool
+    latency_ms: float          # measured by the client, end to end
+    code: str = "ok"
+    early: bool = False
+    exit: int = -1
+    label: int = -1
+
+
+async def drive(nc: Client, model: str, inputs: list[dict[str, np.ndarray]], concurrency: int,
+                slo_ms: float | None = None, timeout: float = 10.0,
+                on_done: Callable[[Outcome], None] | None = None,
+                duration_s: float | None = None) -> list[Outcome]:
+    """Send requests with ``concurrency`` in flight: each input once, or cycling through the
+    inputs until ``duration_s`` elapses."""
+    outcomes: list[Outcome] = []
+    counter = iter(range(10**12))
+    stop_at = None if duration_s is None else time.perf_counter() + duration_s
+
+    async def one_loop() -> None:
+        while True:
+            i = next(counter)
+            if stop_at is None and i >= len(inputs):
+                return
+            if stop_at is not None and time.perf_counter() >= stop_at:
+                return
+            t0 = time.perf_counter()
+            try:
+                r = await infer(nc, model, inputs[i % len(inputs)], slo_ms, timeout=timeout)
+                out = Outcome(i, True, (time.perf_counter() - t0) * 1e3, "ok", bool(r["early"]),
+                              int(r["exit"]), int(r["label"]))
+            except InferError as exc:
+                out = Outcome(i, False, (time.perf_counter() - t0) * 1e3, exc.code)
+            outcomes.append(out)
+            if on_done is not None:
+                on_done(out)
+
+    await asyncio.gather(*(one_loop() for _ in range(concurrency)))
+    return outcomes
+
+
+class Progress:
+    """A one-line progress bar on stderr (plain lines every 10% when not a terminal)."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.label, self.done, self.errors = total, label, 0, 0
+        self.t0 = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+        self.next_mark = 0.1
+
+    def __call__(self, out: Outcome) -> None:
+        self.done += 1
+        self.errors += 0 if out.ok else 1
+        frac = self.done / self.total
+        rate = self.done / max(1e-9, time.perf_counter() - self.t0)
+        line = (f"{self.label} [{'#' * int(30 * frac):<30}] {self.done}/{self.total} "
+                f"{rate:.0f} req/s errors={self.errors}")
+        if self.tty:
+            print("\r" + line, end="" if self.done < self.total else "\n", file=sys.stderr, flush=True)
+        elif frac >= self.next_mark or self.done == self.total:
+            self.next_mark += 0.1
+            print(line, file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None

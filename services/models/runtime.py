@@ -1,0 +1,125 @@
+"""ONNX Runtime sessions for one stage (a contiguous block range) of a prepared model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from services.models.manifest import Manifest
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+def gpu_present() -> bool:
+    """True only when an NVIDIA driver is really there.
+
+    onnxruntime-gpu lists CUDAExecutionProvider even on CPU-only machines and logs a
+    load failure when asked for it, so the provider list alone proves nothing.
+    """
+    return os.path.exists("/dev/nvidia0") or os.path.exists("/proc/driver/nvidia")
+
+
+def pick_providers(device: str = "auto") -> list[str]:
+    """Execution providers for ``device`` in {"auto", "cuda", "cpu"}."""
+    device = device.lower()
+    if device == "cpu":
+        return [CPU]
+    if device == "cuda":
+        return [CUDA, CPU]
+    if device == "auto":
+        if gpu_present() and CUDA in ort.get_available_providers():
+            return [CUDA, CPU]
+        return [CPU]
+    raise ValueError(f"unknown device {device!r}; use auto, cuda or cpu")
+
+
+def session_options(threads: int = 0) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads > 0:
+        so.intra_op_num_threads = threads
+    so.log_severity_level = 3  # errors only: keep service logs readable
+    return so
+
+
+class StageRuntime:
+    """Blocks [first_block, last_block) and the ramps after them, one session each."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        manifest: Manifest,
+        first_block: int,
+        last_block: int,
+        device: str = "auto",
+        threads: int = 0,
+    ) -> None:
+        if not 0 <= first_block < last_block <= manifest.num_blocks:
+            raise ValueError(
+                f"bad block range [{first_block}, {last_block}) for "
+                f"{manifest.name} with {manifest.num_blocks} blocks"
+            )
+        self.model_dir = Path(model_dir)
+        self.manifest = manifest
+        self.first_block = first_block
+        self.last_block = last_block
+        so = session_options(threads)
+        wanted = pick_providers(device)
+
+        def load(file: str) -> ort.InferenceSession:
+            return ort.InferenceSession(str(self.model_dir / file), so, providers=wanted)
+
+        self._blocks = {
+            b.index: load(b.file) for b in manifest.blocks[first_block:last_block]
+        }
+        self.ramps = manifest.ramps_in(first_block, last_block)
+        self._ramps = {r.index: load(r.file) for r in self.ramps}
+        self._in_dtypes = {t.name: np.dtype(t.dtype) for t in manifest.inputs}
+        first = next(iter(self._blocks.values()))
+        self.providers: list[str] = list(first.get_providers())
+
+    @property
+    def is_last(self) -> bool:
+        return self.last_block == self.manifest.num_blocks
+
+    def run_block(self, i: int, inputs: dict[str, np.ndarray] | np.ndarray) -> np.ndarray:
+        """Output ``y`` of block ``i``: block 0 takes the model inputs by name, others ``x``."""
+        sess = self._blocks[i]
+        if i == 0:
+            if not isinstance(inputs, dict):
+                names = self.manifest.blocks[0].input_names
+                if len(names) != 1:
+                    raise ValueError(f"block 0 needs a dict of inputs {names}")
+                inputs = {names[0]: inputs}
+            feeds = {
+                k: np.ascontiguousarray(v, dtype=self._in_dtypes.get(k, np.float32))
+                for k, v in inputs.items()
+            }
+        else:
+            x = inputs["x"] if isinstance(inputs, dict) else inputs
+            feeds = {"x": np.ascontiguousarray(x, dtype=np.float32)}
+        return sess.run(None, feeds)[0]
+
+    def run_ramp(self, r: int, x: np.ndarray) -> np.ndarray:
+        """Logits of ramp ``r`` on the output of its block."""
+        return self._ramps[r].run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)})[0]
+
+    def run_all(
+        self, inputs: dict[str, np.ndarray] | np.ndarray
+    ) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        """Run every block of the stage; return its output and every ramp's logits."""
+        by_block: dict[int, list[int]] = {}
+        for r in self.ramps:
+            by_block.setdefault(r.after_block, []).append(r.index)
+        x: dict[str, np.ndarray] | np.ndarray = inputs
+        ramp_logits: dict[int, np.ndarray] = {}
+        for i in range(self.first_block, self.last_block):
+            x = self.run_block(i, x)
+            for r in by_block.get(i, []):
+                ramp_logits[r] = self.run_ramp(r, x)
+        assert isinstance(x, np.ndarray)
+        return x, ramp_logits

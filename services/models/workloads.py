@@ -1,0 +1,173 @@
+"""Deterministic video-like frame streams made from scikit-image's bundled photos.
+
+A stream is a sequence of scenes: each scene picks a photo and slowly pans and zooms
+over it with a brightness drift, then cuts to the next scene. Consecutive frames are
+similar (what early exits and windowed threshold tuning exploit) and scene cuts shift
+the distribution. Frames are rendered chunk by chunk from a per-frame plan, so a
+stream of any length costs little memory and any prefix is identical for a seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+# Photos that load offline (no pooch download); the ones that fail are skipped.
+PHOTOS = (
+    "astronaut", "camera", "coins", "chelsea", "coffee", "rocket", "horse",
+    "hubble_deep_field", "retina", "immunohistochemistry", "colorwheel", "brick",
+    "grass", "gravel", "moon", "page", "text", "clock", "logo",
+)
+# EfficientNet-Lite was trained on (x - 127) / 128: mean 0.5, std 0.5 on [0, 1] pixels.
+MEAN = 0.5
+STD = 0.5
+_BASE = 288  # photos are pre-scaled so their short side is this many pixels
+
+
+def _to_rgb01(img: np.ndarray) -> np.ndarray:
+    img = np.asarray(img)
+    if img.dtype == bool:
+        img = img.astype(np.float32)
+    elif img.dtype == np.uint8:
+        img = img.astype(np.float32) / 255.0
+    else:
+        img = img.astype(np.float32)
+        img = (img - img.min()) / max(float(img.max() - img.min()), 1e-6)
+    if img.ndim == 2:
+        img = np.repeat(img[..., None], 3, axis=-1)
+    if img.shape[-1] == 4:  # RGBA: composite over white
+        a = img[..., 3:4]
+        img = img[..., :3] * a + (1.0 - a)
+    return np.ascontiguousarray(img[..., :3])
+
+
+@lru_cache(maxsize=1)
+def photos() -> tuple[tuple[str, np.ndarray], ...]:
+    """(name, float32 H×W×3 in [0, 1] with short side _BASE) for every loadable photo."""
+    from skimage import data, transform
+
+    out = []
+    for name in PHOTOS:
+        try:
+            img = _to_rgb01(getattr(data, name)())
+        except Exception:  # noqa: BLE001 - a photo needing a download is just skipped
+            continue
+        h, w = img.shape[:2]
+        k = _BASE / min(h, w)
+        size = (max(_BASE, round(h * k)), max(_BASE, round(w * k)))
+        img = transform.resize(img, size, anti_aliasing=k < 1, preserve_range=True)
+        out.append((name, img.astype(np.float32)))
+    if not out:
+        raise RuntimeError("no scikit-image photo could be loaded")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class FramePlan:
+    """Per-frame rendering parameters of a whole stream (all arrays of length n)."""
+
+    scene: np.ndarray  # int64 scene id
+    photo: np.ndarray  # int64 index into photos()
+    cy: np.ndarray  # crop centre, in [0, 1] of the free range
+    cx: np.ndarray
+    zoom: np.ndarray  # crop side as a fraction of the photo's short side
+    gain: np.ndarray  # brightness multiplier
+    flip: np.ndarray  # bool, mirror horizontally
+
+
+def plan(n: int, seed: int = 0, min_scene: int = 16, max_scene: int = 120) -> FramePlan:
+    rng = np.random.default_rng(seed)
+    n_photos = len(photos())
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in FramePlan.__dataclass_fields__}
+    done, scene, last_photo = 0, 0, -1
+    while done < n:
+        length = int(min(rng.integers(min_scene, max_scene + 1), n - done))
+        photo = int(rng.integers(n_photos))
+        if photo == last_photo:  # a cut should change what is seen
+            photo = (photo + 1) % n_photos
+        last_photo = photo
+        t = np.linspace(0.0, 1.0, length, dtype=np.float64)
+
+        def drift(lo: float, hi: float, step: float) -> np.ndarray:
+            a = rng.uniform(lo, hi)
+            b = np.clip(a + rng.uniform(-step, step), lo, hi)
+            return a + (b - a) * t
+
+        cols["scene"].append(np.full(length, scene, np.int64))
+        cols["photo"].append(np.full(length, photo, np.int64))
+        cols["cy"].append(drift(0.0, 1.0, 0.5))
+        cols["cx"].append(drift(0.0, 1.0, 0.5))
+        cols["zoom"].append(drift(0.55, 1.0, 0.3))
+        cols["gain"].append(drift(0.7, 1.25, 0.3))
+        cols["flip"].append(np.full(length, rng.random() < 0.5))
+        done += length
+        scene += 1
+    return FramePlan(**{k: np.concatenate(v) for k, v in cols.items()})
+
+
+def _render(img: np.ndarray, cy: float, cx: float, zoom: float, size: int) -> np.ndarray:
+    """Bilinear crop-and-resize of a square window (separable: no rotation)."""
+    h, w = img.shape[:2]
+    side = zoom * min(h, w)
+    y0 = cy * (h - side)
+    x0 = cx * (w - side)
+    grid = (np.arange(size) + 0.5) * (side / size) - 0.5
+    ys = np.clip(y0 + grid, 0, h - 1.001)
+    xs = np.clip(x0 + grid, 0, w - 1.001)
+    yi = ys.astype(np.int64)
+    xi = xs.astype(np.int64)
+    wy = (ys - yi).astype(np.float32)[:, None, None]
+    wx = (xs - xi).astype(np.float32)[None, :, None]
+    rows = img[yi] * (1 - wy) + img[yi + 1] * wy
+    return rows[:, xi] * (1 - wx) + rows[:, xi + 1] * wx
+
+
+def iter_video_frames(
+    n: int, seed: int = 0, size: int = 224, chunk: int = 64
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yield (frames float32 (k,3,size,size) normalised, scene_ids int64 (k,)) chunks."""
+    p = plan(n, seed)
+    imgs = photos()
+    # Sensor noise from a small bank indexed by frame number: cheap, and chunking
+    # cannot change which noise a frame gets.
+    bank = np.random.default_rng((seed, 1)).standard_normal((5, size, size, 3), np.float32)
+    bank *= 0.01
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        out = np.empty((stop - start, 3, size, size), np.float32)
+        for j, i in enumerate(range(start, stop)):
+            frame = _render(imgs[p.photo[i]][1], p.cy[i], p.cx[i], p.zoom[i], size)
+            if p.flip[i]:
+                frame = frame[:, ::-1]
+            frame = np.clip(frame * np.float32(p.gain[i]) + bank[i % len(bank)], 0.0, 1.0)
+            out[j] = ((frame - MEAN) / STD).transpose(2, 0, 1)
+        yield out, p.scene[start:stop].copy()
+
+
+def video_frames(
+    n: int, seed: int = 0, size: int = 224, return_scenes: bool = False
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """n frames (float32 (n,3,size,size), normalised for EfficientNet-Lite).
+
+    With ``return_scenes`` also the int64 scene id of every frame. Keep n modest:
+    4000 frames at 224 px are 2.4 GB; use :func:`iter_video_frames` for long streams.
+    """
+    frames, scenes = [], []
+    for f, s in iter_video_frames(n, seed, size):
+        frames.append(f)
+        scenes.append(s)
+    x = np.concatenate(frames) if frames else np.zeros((0, 3, size, size), np.float32)
+    sid = np.concatenate(scenes) if scenes else np.zeros(0, np.int64)
+    return (x, sid) if return_scenes else x
+
+
+def photo_frame(name: str, size: int = 224) -> np.ndarray:
+    """One centred, unzoomed frame (3,size,size) of a named photo, e.g. for sanity checks."""
+    for pname, img in photos():
+        if pname == name:
+            frame = _render(img, 0.5, 0.5, 1.0, size)
+            return ((frame - MEAN) / STD).transpose(2, 0, 1).astype(np.float32)
+    raise KeyError(f"photo {name!r} is not available")

@@ -1,0 +1,61 @@
+"""Batching policies: given the state of a model's queue, how many requests to dispatch now.
+
+A policy is pure: it sees a :class:`QueueView` and returns a :class:`Decision`. The
+router calls it whenever a first-stage worker has credit. SlackFit (SuperServe) plugs
+in through the same interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    size: int                # requests waiting
+    oldest_wait_ms: float    # how long the oldest has waited
+    min_slack_ms: float      # time left before the earliest deadline, minus the service estimate
+    service_ms: float        # estimated time to serve one batch
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    batch_size: int          # 0 = wait
+    wait_ms: float = 0.0     # when waiting: re-ask after this long
+    variant: str = "default"
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(self, view: QueueView) -> Decision: ...
+
+
+@dataclass(frozen=True)
+class FixedBatchPolicy:
+    """Dispatch ``max_batch`` when that many wait; a partial batch once the oldest request
+    has waited ``timeout_ms`` or the earliest deadline leaves no slack for waiting."""
+
+    max_batch: int = 16
+    timeout_ms: float = 0.0
+    name: str = "fixed"
+
+    def decide(self, view: QueueView) -> Decision:
+        if view.size <= 0:
+            return Decision(0)
+        if view.size >= self.max_batch:
+            return Decision(self.max_batch)
+        remaining = self.timeout_ms - view.oldest_wait_ms
+        if remaining <= 0 or view.min_slack_ms <= remaining:
+            return Decision(view.size)
+        return Decision(0, wait_ms=remaining)
+
+
+POLICIES = {"fixed": FixedBatchPolicy}
+
+
+def make_policy(name: str, max_batch: int, timeout_ms: float) -> Policy:
+    if name not in POLICIES:
+        raise ValueError(f"unknown batching policy {name!r}; known: {', '.join(POLICIES)}")
+    return POLICIES[name](max_batch=max_batch, timeout_ms=timeout_ms)

@@ -1,0 +1,363 @@
+"""Router service: request intake, EDF queues, credit-based dispatch, reply routing.
+
+Every accepted request gets exactly one reply: a result (early or final), or an
+explicit error (``overloaded``, ``deadline_exceeded``, ``no_workers``, ``internal``).
+A sweeper enforces deadlines for queued and in-flight requests alike, and work held
+by a worker that stops heart-beating goes back to the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from schemas import errors, subjects
+from schemas.codec import pack
+from schemas.errors import ServingError
+from schemas.messages import (Batch, Results, decode_infer_request, decode_map, encode_error,
+                              encode_map, encode_reply)
+from services.common import bus, logs
+from services.common.config import Config
+from services.common.runtime import spawn
+from services.router.edf_queue import EDFQueue, Pending, QueueFull
+from services.router.model_specs import ModelSpec, load_specs
+from services.router.policy import Policy, QueueView, make_policy
+from services.router.workers import Inflight, WorkerRegistry
+
+SWEEP_S = 0.05
+NO_WORKER_GRACE_S = 2.0      # a model with no live worker this long answers no_workers
+MAX_ATTEMPTS = 3             # dispatches of one request before giving up after worker losses
+RECORD_FLUSH_S = 0.25
+
+
+@dataclass
+class ModelState:
+    spec: ModelSpec
+    queue: EDFQueue
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    service_ms: float = 50.0                  # EWMA of dispatch -> release per batch
+    no_worker_since: float | None = None
+    latencies: deque = field(default_factory=lambda: deque(maxlen=2000))
+    served: int = 0
+    failed: int = 0
+    early: int = 0
+    records: list = field(default_factory=list)
+
+
+class Router:
+    def __init__(self, nc: Client, cfg: Config, specs: dict[str, ModelSpec], policy: Policy,
+                 log) -> None:
+        self.nc = nc
+        self.cfg = cfg
+        self.log = log
+        self.id = f"router-{uuid.uuid4().hex[:8]}"
+        self.policy = policy
+        self.models = {name: ModelState(spec, EDFQueue(cfg.queue_limit)) for name, spec in specs.items()}
+        for st in self.models.values():
+            st.service_ms = max(5.0, 2.0 * st.spec.full_ms)
+        self.registry = WorkerRegistry(timeout_s=3 * cfg.heartbeat_ms / 1000.0)
+        self.pending: dict[str, Pending] = {}
+        self.tasks: set[asyncio.Task] = set()
+        self.started = time.monotonic()
+
+    # ------------------------------------------------------------------ intake
+
+    async def on_infer(self, msg: Msg) -> None:
+        now = time.monotonic()
+        subject_model = msg.subject.rsplit(".", 1)[-1]
+        rid = None
+        try:
+            raw = decode_map(msg.data)
+            rid = raw.get("id") if isinstance(raw.get("id"), str) else None
+            state = self.models.get(subject_model)
+            if state is None:
+                raise ServingError(errors.UNKNOWN_MODEL, f"unknown model {subject_model!r}; "
+                                   f"served: {', '.join(sorted(self.models)) or 'none'}")
+            req = decode_infer_request(raw, subject_model)
+            state.spec.check_inputs(req.inputs)
+            if not msg.reply:
+                raise ServingError(errors.BAD_REQUEST, "request has no reply subject: use request-reply")
+            if req.id in self.pending:
+                raise ServingError(errors.BAD_REQUEST, f"request id {req.id!r} is already in flight")
+            if not self.registry.has_stage0(subject_model) and now - self.started > NO_WORKER_GRACE_S:
+                raise ServingError(errors.NO_WORKERS, f"no live worker serves {subject_model!r}")
+            slo = req.slo_ms if req.slo_ms is not None else self.cfg.default_slo_ms
+            entry = Pending(id=req.id, model=subject_model, reply=msg.reply, inputs=req.inputs,
+                            arrival=now, deadline=now + slo / 1000.0, received_wall=time.time())
+            try:
+                state.queue.push(entry)
+            except QueueFull:
+                retry = max(1.0, state.service_ms * len(state.queue) / max(1, self.policy_batch()))
+                raise ServingError(errors.OVERLOADED,
+                                   f"queue for {subject_model!r} is full ({state.queue.limit} waiting)",
+                                   retry_after_ms=round(retry, 1)) from None
+            self.pending[req.id] = entry
+            state.wake.set()
+        except ServingError as exc:
+            await self._reply_error_raw(msg.reply, rid, subject_model, exc, now)
+        except Exception as exc:  # noqa: BLE001 - never let one request kill the service
+            self.log.exception("intake failed")
+            await self._reply_error_raw(msg.reply, rid, subject_model,
+                                        ServingError(errors.INTERNAL, f"router error: {exc!r}"), now)
+
+    def policy_batch(self) -> int:
+        return getattr(self.policy, "max_batch", 1)
+
+    async def _reply_error_raw(self, reply: str | None, rid: str | None, model: str,
+                               exc: ServingError, start: float) -> None:
+        if reply:
+            await self.nc.publish(reply, encode_error(rid, exc.code, exc.message, **exc.extra))
+        state = self.models.get(model)
+        if state is not None:
+            state.failed += 1
+            state.records.append({"id": rid, "t": time.time(), "latency_ms": (time.monotonic() - start) * 1e3,
+                                  "status": exc.code, "exit": None, "early": None, "label": None,
+                                  "config_version": None})
+
+    # ------------------------------------------------------------------ replies
+
+    async def reply_error(self, entry: Pending, code: str, message: str, **extra) -> None:
+        if entry.replied:
+            return
+        entry.replied = True
+        self.pending.pop(entry.id, None)
+        await self.nc.publish(entry.reply, encode_error(entry.id, code, message, **extra))
+        state = self.models[entry.model]
+        state.failed += 1
+        state.records.append({"id": entry.id, "t": entry.received_wall,
+                              "latency_ms": (time.monotonic() - entry.arrival) * 1e3, "status": code,
+                              "exit": None, "early": None, "label": None, "config_version": None})
+
+    async def on_results(self, msg: Msg) -> None:
+        try:
+            res = Results.decode(decode_map(msg.data))
+        except Exception as exc:  # noqa: BLE001
+            self.log.error("bad results message: %r", exc)
+            return
+        now = time.monotonic()
+        if res.error:
+            code = res.error.get("code")
+            code = code if code in errors.CODES else errors.INTERNAL
+            for rid in res.ids:
+                entry = self.pending.get(rid)
+                if entry is not None:
+                    await self.reply_error(entry, code,
+                                           f"worker {res.worker} failed: {res.error.get('message')}")
+        else:
+            for i, rid in enumerate(res.ids):
+                entry = self.pending.pop(rid, None)
+                if entry is None or entry.replied:
+                    continue
+                entry.replied = True
+                latency = (now - entry.arrival) * 1e3
+                outputs = {} if res.logits is None else {"logits": res.logits[i]}
+                label, score, exit_ = int(res.labels[i]), float(res.scores[i]), int(res.exits[i])
+                await self.nc.publish(entry.reply, encode_reply(
+                    rid, entry.model, outputs, label, score, exit_, res.early, latency,
+                    res.config_version))
+                state = self.models[entry.model]
+                state.served += 1
+                state.early += int(res.early)
+                state.latencies.append(latency)
+                state.records.append({"id": rid, "t": entry.received_wall, "latency_ms": latency,
+                                      "status": "ok", "exit": exit_, "early": res.early,
+                                      "label": label, "config_version": res.config_version})
+        if res.release:
+            inflight = self.registry.release(res.worker, res.batch_id)
+            if inflight is not None:
+                state = self.models[inflight.model]
+                elapsed = (now - inflight.dispatched) * 1e3
+                state.service_ms = 0.8 * state.service_ms + 0.2 * elapsed
+                state.wake.set()
+
+    # ------------------------------------------------------------------ dispatch
+
+    async def dispatch_loop(self, model: str, stop: asyncio.Event) -> None:
+        state = self.models[model]
+        timeout: float | None = None
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(state.wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            state.wake.clear()
+            timeout = None
+            try:
+                timeout = await self._dispatch_ready(model, state)
+            except Exception:  # noqa: BLE001
+                self.log.exception("dispatch failed model=%s", model)
+                timeout = 0.05
+
+    async def _dispatch_ready(self, model: str, state: ModelState) -> float | None:
+        while len(state.queue):
+            worker = self.registry.pick(model)
+            if worker is None:
+                return None  # woken again by a heartbeat or a released credit
+            now = time.monotonic()
+            head = state.queue.peek()
+            oldest = state.queue.oldest_arrival() or now
+            view = QueueView(size=len(state.queue), oldest_wait_ms=(now - oldest) * 1e3,
+                             min_slack_ms=(head.deadline - now) * 1e3 - state.service_ms,
+                             service_ms=state.service_ms)
+            decision = self.policy.decide(view)
+            if decision.batch_size <= 0:
+                return max(decision.wait_ms, 0.1) / 1000.0
+            batch: list[Pending] = []
+            for entry in state.queue.pop(decision.batch_size):
+                if entry.replied:
+                    continue
+                if now + state.service_ms / 1000.0 > entry.deadline:
+                    await self.reply_error(entry, errors.DEADLINE_EXCEEDED,
+                                           f"cannot finish within the SLO: about {state.service_ms:.1f} ms "
+                                           f"needed, {(entry.deadline - now) * 1e3:.1f} ms left")
+                    continue
+                batch.append(entry)
+            if not batch:
+                continue
+            await self._send(model, state, worker.id, batch, now)
+        return None
+
+    async def _send(self, model: str, state: ModelState, worker_id: str, batch: list[Pending],
+                    now: float) -> None:
+        batch_id = uuid.uuid4().hex[:12]
+        names = state.spec.input_names
+        inputs = {n: np.stack([e.inputs[n] for e in batch]) for n in names}
+        for e in batch:
+            e.attempts += 1
+        msg = Batch(batch_id=batch_id, model=model, stage=0, router=subjects.results(self.id),
+                    ids=[e.id for e in batch], config_version=0, inputs=inputs)
+        data = msg.encode()
+        w = self.registry.workers[worker_id]
+        w.inflight[batch_id] = Inflight(batch_id, worker_id, model, batch, now, len(batch))
+        try:
+            await self.nc.publish(subjects.work(worker_id), data)
+        except Exception as exc:  # noqa: BLE001 - e.g. MaxPayloadError: fail these requests clearly
+            w.inflight.pop(batch_id, None)
+            code = errors.PAYLOAD_TOO_LARGE if "payload" in repr(exc).lower() else errors.INTERNAL
+            for e in batch:
+                await self.reply_error(e, code, f"cannot send batch of {len(batch)} to a worker "
+                                       f"({len(data)} bytes): {exc!r}")
+
+    # ------------------------------------------------------------------ liveness
+
+    async def on_heartbeat(self, msg: Msg) -> None:
+        try:
+            hb = decode_map(msg.data)
+            model = hb["model"]
+            if model not in self.models:
+                return
+            new = self.registry.heartbeat(hb["worker"], model, int(hb["stage"]), int(hb["stages"]),
+                                          int(hb["capacity"]), time.monotonic(), int(hb.get("pid", 0)),
+                                          int(hb.get("config_version", 0)))
+            if new:
+                self.log.info("worker joined %s", logs.kv(worker=hb["worker"], model=model,
+                                                         stage=hb["stage"]))
+                self.models[model].wake.set()
+        except Exception as exc:  # noqa: BLE001
+            self.log.warning("bad heartbeat: %r", exc)
+
+    async def sweep_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.sleep(SWEEP_S)
+            try:
+                await self._sweep(time.monotonic())
+            except Exception:  # noqa: BLE001
+                self.log.exception("sweep failed")
+
+    async def _sweep(self, now: float) -> None:
+        for dead in self.registry.expire(now):
+            self.log.warning("worker lost %s", logs.kv(worker=dead.id, model=dead.model,
+                                                       stage=dead.stage, inflight=len(dead.inflight)))
+            for inflight in dead.inflight.values():
+                state = self.models[inflight.model]
+                for e in inflight.entries:
+                    if e.replied:
+                        continue
+                    if e.attempts >= MAX_ATTEMPTS:
+                        await self.reply_error(e, errors.NO_WORKERS,
+                                               f"{e.attempts} workers were lost while serving it")
+                    else:
+                        state.queue.push(e, force=True)
+                state.wake.set()
+        for name, state in self.models.items():
+            for e in state.queue.expire(now):
+                await self.reply_error(e, errors.DEADLINE_EXCEEDED,
+                                       "deadline passed while queued")
+            if self.registry.has_stage0(name):
+                state.no_worker_since = None
+            elif state.no_worker_since is None:
+                state.no_worker_since = now
+            elif now - state.no_worker_since > NO_WORKER_GRACE_S and len(state.queue):
+                for e in state.queue.drain():
+                    await self.reply_error(e, errors.NO_WORKERS, f"no live worker serves {name!r}")
+        late = [e for e in self.pending.values() if e.deadline <= now]
+        for e in late:
+            await self.reply_error(e, errors.DEADLINE_EXCEEDED, "deadline passed while in flight")
+
+    # ------------------------------------------------------------------ telemetry + status
+
+    async def record_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.sleep(RECORD_FLUSH_S)
+            await self.flush_records()
+
+    async def flush_records(self) -> None:
+        for name, state in self.models.items():
+            if state.records:
+                records, state.records = state.records, []
+                await self.nc.publish(subjects.telemetry_requests(name),
+                                      encode_map(model=name, router=self.id, records=records))
+
+    async def on_models(self, msg: Msg) -> None:
+        models = [dict(state.spec.describe(), ready=self.registry.ready(name))
+                  for name, state in sorted(self.models.items())]
+        await msg.respond(pack({"v": 1, "models": models}))
+
+    async def on_status(self, msg: Msg) -> None:
+        out = {}
+        for name, state in self.models.items():
+            lat = np.array(state.latencies) if state.latencies else None
+            out[name] = {
+                "ready": self.registry.ready(name), "queue": len(state.queue),
+                "served": state.served, "errors": state.failed, "early": state.early,
+                "service_ms": round(state.service_ms, 2),
+                "p50_ms": None if lat is None else float(np.percentile(lat, 50)),
+                "p95_ms": None if lat is None else float(np.percentile(lat, 95)),
+                "workers": [{"id": w.id, "stage": w.stage, "pid": w.pid, "credit": w.credit,
+                             "config_version": w.config_version}
+                            for w in self.registry.for_model(name)],
+            }
+        await msg.respond(pack({"v": 1, "router": self.id, "models": out}))
+
+
+async def serve(cfg: Config, stop: asyncio.Event) -> None:
+    log = logs.setup("router", cfg.log_level)
+    specs = load_specs(cfg)
+    nc = await bus.connect(cfg.nats_url or "nats://127.0.0.1:4222", "offramp-router")
+    await bus.ensure_telemetry_stream(nc)
+    router = Router(nc, cfg, specs, make_policy("fixed", cfg.max_batch, cfg.batch_timeout_ms), log)
+    await nc.subscribe(subjects.INFER_ALL, queue=subjects.ROUTER_QUEUE, cb=router.on_infer)
+    await nc.subscribe(subjects.MODELS, queue=subjects.ROUTER_QUEUE, cb=router.on_models)
+    await nc.subscribe(subjects.STATUS_ROUTER, cb=router.on_status)
+    await nc.subscribe(subjects.HEARTBEAT, cb=router.on_heartbeat)
+    await nc.subscribe(subjects.results(router.id), cb=router.on_results)
+    spawn(router.sweep_loop(stop), router.tasks, log)
+    spawn(router.record_loop(stop), router.tasks, log)
+    for name in router.models:
+        spawn(router.dispatch_loop(name, stop), router.tasks, log)
+    log.info("router ready %s", logs.kv(id=router.id, models=",".join(router.models)))
+    await stop.wait()
+    # Answer everything still pending so no client waits for a reply that never comes.
+    for entry in list(router.pending.values()):
+        await router.reply_error(entry, errors.NO_WORKERS, "router shutting down")
+    await router.flush_records()
+    for t in list(router.tasks):
+        t.cancel()
+    await bus.close(nc)

@@ -1,0 +1,92 @@
+"""The router's view of live workers: liveness from heartbeats and credit per worker (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.router.edf_queue import Pending
+
+
+@dataclass(slots=True)
+class Inflight:
+    batch_id: str
+    worker: str
+    model: str
+    entries: list[Pending]
+    dispatched: float
+    size: int
+
+
+@dataclass(slots=True)
+class WorkerState:
+    id: str
+    model: str
+    stage: int
+    stages: int
+    capacity: int
+    last_seen: float
+    pid: int = 0
+    config_version: int = 0
+    inflight: dict[str, Inflight] = field(default_factory=dict)
+
+    @property
+    def credit(self) -> int:
+        return self.capacity - len(self.inflight)
+
+
+class WorkerRegistry:
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.workers: dict[str, WorkerState] = {}
+
+    def heartbeat(self, worker: str, model: str, stage: int, stages: int, capacity: int,
+                  now: float, pid: int = 0, config_version: int = 0) -> bool:
+        """Record a heartbeat; True when the worker is new (or came back)."""
+        state = self.workers.get(worker)
+        if state is None:
+            self.workers[worker] = WorkerState(worker, model, stage, stages, capacity, now, pid,
+                                               config_version)
+            return True
+        state.last_seen = now
+        state.capacity = capacity
+        state.config_version = config_version
+        return False
+
+    def remove(self, worker: str) -> WorkerState | None:
+        return self.workers.pop(worker, None)
+
+    def expire(self, now: float) -> list[WorkerState]:
+        """Forget workers whose heartbeats stopped; their in-flight batches come back to the caller."""
+        dead = [w for w in self.workers.values() if now - w.last_seen > self.timeout_s]
+        for w in dead:
+            del self.workers[w.id]
+        return dead
+
+    def pick(self, model: str) -> WorkerState | None:
+        """The first-stage worker of ``model`` with the most free credit (ties: least recent)."""
+        best: WorkerState | None = None
+        for w in self.workers.values():
+            if w.model != model or w.stage != 0 or w.credit <= 0:
+                continue
+            if best is None or w.credit > best.credit:
+                best = w
+        return best
+
+    def ready(self, model: str) -> bool:
+        """Every stage of ``model`` has at least one live worker."""
+        stages = {w.stage: w.stages for w in self.workers.values() if w.model == model}
+        if 0 not in stages:
+            return False
+        return all(s in stages for s in range(stages[0]))
+
+    def has_stage0(self, model: str) -> bool:
+        return any(w.model == model and w.stage == 0 for w in self.workers.values())
+
+    def release(self, worker: str, batch_id: str) -> Inflight | None:
+        state = self.workers.get(worker)
+        if state is None:
+            return None
+        return state.inflight.pop(batch_id, None)
+
+    def for_model(self, model: str) -> list[WorkerState]:
+        return [w for w in self.workers.values() if w.model == model]

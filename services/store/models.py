@@ -1,0 +1,153 @@
+"""ORM models of the store. The schema itself is owned by the Alembic revisions in
+`migrations/versions`; a test checks that these models and the migrated schema agree.
+
+Timestamps are naive UTC so plain SQL works on both back ends, e.g.
+`WHERE window_end > datetime('now', '-1 hour')` (SQLite) or
+`WHERE window_end > now() AT TIME ZONE 'UTC' - interval '1 hour'` (PostgreSQL).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Explicit constraint names: identical on both back ends, and required by SQLite
+# batch migrations to find constraints again.
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+Json = JSON().with_variant(JSONB(), "postgresql")  # JSONB: indexable, comparable
+# SQLite only auto-increments an INTEGER PRIMARY KEY (the rowid alias).
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+Name = String(200)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Model(Base):
+    __tablename__ = "models"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Name, unique=True)
+    version: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(32))
+    manifest: Mapped[dict[str, Any]] = mapped_column(Json)
+    path: Mapped[str] = mapped_column(Text)
+    classes: Mapped[Any] = mapped_column(Json, nullable=True)  # count or label list
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    updated_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+    __table_args__ = (UniqueConstraint("model_id", "kind", "idx"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))  # 'block' | 'ramp'
+    idx: Mapped[int] = mapped_column(Integer)
+    file: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class Ramp(Base):
+    __tablename__ = "ramps"
+    __table_args__ = (UniqueConstraint("model_id", "idx"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    idx: Mapped[int] = mapped_column(Integer)
+    site: Mapped[int] = mapped_column(Integer)  # the block the ramp follows
+    arch: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    params: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    agreement: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cost_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ExitConfig(Base):
+    __tablename__ = "exit_configs"
+    __table_args__ = (
+        UniqueConstraint("model", "version"),  # makes concurrent version bumps safe
+        Index(None, "model", "created_at"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(Name)
+    version: Mapped[int] = mapped_column(Integer)
+    thresholds: Mapped[dict[str, float]] = mapped_column(Json)  # JSON keys are strings
+    active: Mapped[list[int]] = mapped_column(Json)
+    mode: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class ExitProfile(Base):
+    __tablename__ = "exit_profiles"
+    __table_args__ = (Index(None, "model", "window_end"),)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    model: Mapped[str] = mapped_column(Name)
+    config_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    window_start: Mapped[datetime] = mapped_column(DateTime)
+    window_end: Mapped[datetime] = mapped_column(DateTime)
+    ramp: Mapped[int] = mapped_column(Integer)  # -1: the whole deployed config
+    samples: Mapped[int] = mapped_column(Integer)
+    exit_rate: Mapped[float] = mapped_column(Float)
+    agreement: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Request(Base):
+    __tablename__ = "requests"
+    __table_args__ = (Index(None, "model", "received_at"),)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(Name)
+    received_at: Mapped[datetime] = mapped_column(DateTime)
+    latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    status: Mapped[str] = mapped_column(String(32))  # 'ok' or an error code
+    exit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    early: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    label: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    config_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+    worker_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    model: Mapped[str] = mapped_column(Name)
+    stage: Mapped[int] = mapped_column(Integer)
+    first_block: Mapped[int] = mapped_column(Integer)
+    last_block: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(32))
+    started_at: Mapped[datetime] = mapped_column(DateTime)
+    last_seen: Mapped[datetime] = mapped_column(DateTime)
+
+
+class IngestedBatch(Base):
+    """Telemetry batches already stored, so a redelivered batch is not counted twice."""
+
+    __tablename__ = "ingested_batches"
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime)

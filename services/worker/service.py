@@ -1,0 +1,245 @@
+"""Split worker: runs one stage (a contiguous block range) of a prepared model.
+
+Batches run in a thread (ONNX Runtime releases the GIL) so heartbeats and early
+results keep flowing while a batch computes. In latency mode a sample whose ramp
+passes its threshold gets an early result at once and keeps running, so the final
+prediction is always known and telemetry always carries the feedback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import numpy as np
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from schemas import subjects
+from schemas.messages import Batch, ExitConfig, Results, decode_map, encode_map
+from services.common import bus, logs
+from services.common.config import Config
+from services.common.runtime import spawn
+from services.models.manifest import Manifest
+from services.models.runtime import StageRuntime
+from services.worker.exits import initial_config, ramp_outcome
+from services.worker.stage_exec import execute
+
+STORE_HEARTBEAT_S = 2.0
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    model: str
+    stage: int
+    stages: int
+    first_block: int
+    last_block: int   # exclusive
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.stages - 1
+
+
+def plan_stages(n_blocks: int, cuts: list[int]) -> list[tuple[int, int]]:
+    """Block ranges for cut points: cuts [4, 9] over 12 blocks -> [(0,4), (4,9), (9,12)]."""
+    bounds = [0] + sorted(set(c for c in cuts if 0 < c < n_blocks)) + [n_blocks]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+class Worker:
+    def __init__(self, nc: Client, cfg: Config, plan: StagePlan, manifest: Manifest,
+                 runtime: StageRuntime, store, log) -> None:
+        self.nc = nc
+        self.cfg = cfg
+        self.plan = plan
+        self.manifest = manifest
+        self.runtime = runtime
+        self.store = store
+        self.log = log
+        self.id = f"{plan.model}-s{plan.stage}-{uuid.uuid4().hex[:6]}"
+        self.ramps = manifest.ramps_in(plan.first_block, plan.last_block)
+        self.config = initial_config(plan.model, [r.index for r in manifest.ramps])
+        self.next_config: ExitConfig | None = None
+        self.queue: asyncio.Queue[Batch] = asyncio.Queue()
+        self.outbox: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        self.tasks: set[asyncio.Task] = set()
+        self.busy = False
+        self.batches = 0
+        self.started = datetime.now(timezone.utc).replace(tzinfo=None)
+
+    # ------------------------------------------------------------------ messages
+
+    async def on_batch(self, msg: Msg) -> None:
+        try:
+            batch = Batch.decode(decode_map(msg.data))
+        except Exception as exc:  # noqa: BLE001 - malformed: nothing to answer, say so loudly
+            self.log.error("dropping malformed batch: %r", exc)
+            return
+        self.queue.put_nowait(batch)
+
+    async def on_config(self, msg: Msg) -> None:
+        try:
+            config = ExitConfig.decode(decode_map(msg.data))
+        except Exception as exc:  # noqa: BLE001
+            self.log.error("bad exit config: %r", exc)
+            return
+        if config.model == self.plan.model and config.version > self.config.version:
+            self.next_config = config  # swapped in between batches, never mid-batch
+
+    def _publish_threadsafe(self, subject: str, data: bytes) -> None:
+        # One outbox keeps publishes in order: an early result always precedes its final.
+        self.loop.call_soon_threadsafe(self.outbox.put_nowait, (subject, data))
+
+    async def publish_loop(self) -> None:
+        while True:
+            subject, data = await self.outbox.get()
+            try:
+                await self.nc.publish(subject, data)
+            except Exception as exc:  # noqa: BLE001 - e.g. oversize activations: say which
+                self.log.error("publish failed subject=%s bytes=%d error=%r", subject, len(data), exc)
+
+    # ------------------------------------------------------------------ compute
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            batch = await self.queue.get()
+            if self.next_config is not None:
+                self.config, self.next_config = self.next_config, None
+                self.log.info("exit config applied %s", logs.kv(version=self.config.version))
+            self.busy = True
+            try:
+                await self.loop.run_in_executor(None, self.compute, batch, self.config)
+            except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving
+                self.log.exception("batch failed batch=%s", batch.batch_id)
+                await self.nc.publish(batch.router, Results(
+                    batch.batch_id, self.id, self.plan.stage, batch.ids, np.zeros(0), np.zeros(0),
+                    np.zeros(0), None, False, self.config.version, release=self.plan.stage == 0,
+                    error={"code": "payload_too_large" if "max_payload" in str(exc) else "internal",
+                           "message": repr(exc)}).encode())
+            finally:
+                self.busy = False
+                self.batches += 1
+
+    def compute(self, batch: Batch, config: ExitConfig) -> None:
+        """Run this stage on one batch (called in a worker thread) and publish what it yields."""
+        n = len(batch.ids)
+        exit_at = (np.full(n, -1, dtype=np.int32) if batch.exit_at is None
+                   else np.array(batch.exit_at, dtype=np.int32))
+
+        def on_early(ramp: int, idx: np.ndarray, labels, scores, logits) -> None:
+            self._publish_threadsafe(batch.router, Results(
+                batch.batch_id, self.id, self.plan.stage, [batch.ids[i] for i in idx], labels,
+                scores, np.full(len(idx), ramp, dtype=np.int32), logits, True,
+                config.version).encode())
+
+        out = execute(self.runtime, self.ramps, self.plan.first_block, self.plan.last_block,
+                      batch.inputs if self.plan.stage == 0 else batch.inputs["x"], exit_at, config,
+                      on_early, batch.ramp_ids,
+                      None if batch.ramp_pred is None else list(batch.ramp_pred),
+                      None if batch.ramp_score is None else list(batch.ramp_score))
+        stage_ms = batch.stage_ms + [out.ms]
+        ramp_pred = np.stack(out.ramp_pred) if out.ramp_pred else np.zeros((0, n), np.int32)
+        ramp_score = np.stack(out.ramp_score) if out.ramp_score else np.zeros((0, n), np.float32)
+        if not self.plan.is_last:
+            nxt = Batch(batch.batch_id, batch.model, self.plan.stage + 1, batch.router, batch.ids,
+                        config.version, {"x": np.ascontiguousarray(out.output)}, out.ramp_ids,
+                        ramp_pred, ramp_score, out.exit_at, stage_ms).encode()
+            if len(nxt) > self.nc.max_payload:
+                raise ValueError(f"activations after block {self.plan.last_block - 1} are "
+                                 f"{len(nxt)} bytes, over the NATS max_payload of "
+                                 f"{self.nc.max_payload}: cut the model later or use smaller batches")
+            self._publish_threadsafe(subjects.stage(self.plan.model, self.plan.stage + 1), nxt)
+            if self.plan.stage == 0:
+                self._release(batch, config)
+            return
+        logits = out.output
+        labels, score = ramp_outcome(logits, config.score)
+        rest = np.flatnonzero(out.exit_at < 0)
+        self._publish_threadsafe(batch.router, Results(
+            batch.batch_id, self.id, self.plan.stage, [batch.ids[i] for i in rest], labels[rest],
+            score[rest], np.full(len(rest), -1, dtype=np.int32), logits[rest], False,
+            config.version, release=self.plan.stage == 0).encode())
+        self._publish_threadsafe(subjects.telemetry_samples(self.plan.model), encode_map(
+            model=self.plan.model, worker=self.id, batch_id=batch.batch_id,
+            config_version=config.version, mode=config.mode, score=config.score,
+            thresholds={int(k): float(v) for k, v in config.thresholds.items()},
+            active=list(config.active), ids=batch.ids, ramp_ids=out.ramp_ids, ramp_pred=ramp_pred,
+            ramp_score=ramp_score, exit_at=out.exit_at, final_pred=labels, final_score=score,
+            batch_size=n, stage_ms=stage_ms, t=time.time()))
+
+    def _release(self, batch: Batch, config: ExitConfig) -> None:
+        empty = np.zeros(0, dtype=np.int32)
+        self._publish_threadsafe(batch.router, Results(
+            batch.batch_id, self.id, self.plan.stage, [], empty, empty.astype(np.float32), empty,
+            None, False, config.version, release=True).encode())
+
+    # ------------------------------------------------------------------ liveness
+
+    async def heartbeat_loop(self, stop: asyncio.Event) -> None:
+        last_store = 0.0
+        host, pid = socket.gethostname(), os.getpid()
+        while not stop.is_set():
+            await self.nc.publish(subjects.HEARTBEAT, encode_map(
+                worker=self.id, model=self.plan.model, stage=self.plan.stage,
+                stages=self.plan.stages, first_block=self.plan.first_block,
+                last_block=self.plan.last_block, capacity=self.cfg.worker_credit, pid=pid, host=host,
+                busy=self.busy, queued=self.queue.qsize(), batches=self.batches,
+                config_version=self.config.version, t=time.time()))
+            now = time.monotonic()
+            if self.store is not None and now - last_store > STORE_HEARTBEAT_S:
+                last_store = now
+                spawn(asyncio.to_thread(self._store_heartbeat, host, pid, "up"), self.tasks, self.log)
+            try:
+                await asyncio.wait_for(stop.wait(), self.cfg.heartbeat_ms / 1000.0)
+            except asyncio.TimeoutError:
+                pass
+
+    def _store_heartbeat(self, host: str, pid: int, status: str) -> None:
+        self.store.upsert_worker(self.id, self.plan.model, self.plan.stage, self.plan.first_block,
+                                 self.plan.last_block, host, pid, status,
+                                 datetime.now(timezone.utc).replace(tzinfo=None))
+
+
+async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: list[int]) -> None:
+    from services.store.repository import Store
+
+    log = logs.setup(f"worker.{model}.{stage}", cfg.log_level)
+    model_dir = cfg.models_dir / model
+    manifest = Manifest.load(model_dir)
+    ranges = plan_stages(len(manifest.blocks), cuts)
+    if not 0 <= stage < len(ranges):
+        raise SystemExit(f"stage {stage} does not exist: cuts {cuts} give {len(ranges)} stages")
+    first, last = ranges[stage]
+    plan = StagePlan(model, stage, len(ranges), first, last)
+    runtime = StageRuntime(model_dir, manifest, first, last, device=cfg.device, threads=cfg.ort_threads)
+    store = Store(cfg.database_url)
+    nc = await bus.connect(cfg.nats_url or "nats://127.0.0.1:4222", f"offramp-worker-{model}-{stage}")
+    worker = Worker(nc, cfg, plan, manifest, runtime, store, log)
+    row = await asyncio.to_thread(store.latest_exit_config, model)
+    if row is not None:
+        worker.config = ExitConfig(model, row.version, row.mode, dict(row.thresholds), list(row.active))
+    await nc.subscribe(subjects.exit_config(model), cb=worker.on_config)
+    if stage == 0:
+        await nc.subscribe(subjects.work(worker.id), cb=worker.on_batch)
+    else:
+        await nc.subscribe(subjects.stage(model, stage), queue=subjects.stage_queue(model, stage),
+                           cb=worker.on_batch)
+    spawn(worker.heartbeat_loop(stop), worker.tasks, log)
+    spawn(worker.publish_loop(), worker.tasks, log)
+    runner = spawn(worker.run(stop), worker.tasks, log)
+    log.info("worker ready %s", logs.kv(id=worker.id, blocks=f"{first}:{last}",
+                                       ramps=[r.index for r in worker.ramps],
+                                       providers=",".join(runtime.providers),
+                                       config_version=worker.config.version))
+    await stop.wait()
+    runner.cancel()
+    await asyncio.to_thread(worker._store_heartbeat, socket.gethostname(), os.getpid(), "stopped")
+    await bus.close(nc)
+    store.close()

@@ -1,0 +1,52 @@
+"""Run one stage's blocks and ramps on a batch (no I/O): shared by the worker and benchmarks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from schemas.messages import ExitConfig
+from services.worker.exits import exits_at, ramp_outcome
+
+# on_early(ramp, sample_indices, labels, scores, logits) for samples that exit at ``ramp``
+EarlyCallback = Callable[[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
+
+
+@dataclass(slots=True)
+class StageOutcome:
+    output: np.ndarray          # activation for the next stage, or final logits
+    ramp_ids: list[int]
+    ramp_pred: list[np.ndarray]
+    ramp_score: list[np.ndarray]
+    exit_at: np.ndarray
+    ms: float
+
+
+def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, config: ExitConfig,
+            on_early: EarlyCallback | None = None, ramp_ids: list[int] | None = None,
+            ramp_pred: list[np.ndarray] | None = None,
+            ramp_score: list[np.ndarray] | None = None) -> StageOutcome:
+    """Blocks ``first..last-1``; after each, the active ramps sited there (records kept for
+    every sample, early callback for samples that pass their threshold)."""
+    t0 = time.perf_counter()
+    ids, preds, scores = list(ramp_ids or []), list(ramp_pred or []), list(ramp_score or [])
+    for b in range(first, last):
+        x = runtime.run_block(b, x)
+        for ramp in ramps:
+            if ramp.after_block != b or ramp.index not in config.active:
+                continue
+            logits = runtime.run_ramp(ramp.index, x)
+            labels, score = ramp_outcome(logits, config.score)
+            ids.append(ramp.index)
+            preds.append(labels)
+            scores.append(score)
+            mask = exits_at(ramp.index, score, exit_at, config)
+            if mask.any():
+                exit_at[mask] = ramp.index
+                if on_early is not None:
+                    idx = np.flatnonzero(mask)
+                    on_early(ramp.index, idx, labels[idx], score[idx], logits[idx])
+    return StageOutcome(x, ids, preds, scores, exit_at, (time.perf_counter() - t0) * 1e3)

@@ -36,6 +36,16 @@ def decode_map(data: bytes) -> dict[str, Any]:
     return msg
 
 
+def request_id_of(data: bytes) -> str | None:
+    """Best-effort request id of a message that failed validation (for the error reply)."""
+    try:
+        msg = unpack(data)
+    except CodecError:
+        return None
+    rid = msg.get("id") if isinstance(msg, dict) else None
+    return rid if isinstance(rid, str) else None
+
+
 # ---------------------------------------------------------------- client contract
 
 

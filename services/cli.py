@@ -253,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     return int(args.fn(args) or 0)
 
 

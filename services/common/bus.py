@@ -25,7 +25,11 @@ async def connect(url: str, name: str, connect_timeout: float = 10.0) -> Client:
     async def error_cb(exc: Exception) -> None:
         log.warning("nats error client=%s error=%r", name, exc)
 
+    holder: list[Client] = []
+
     async def disconnected_cb() -> None:
+        if holder and (holder[0].is_closed or holder[0].is_draining):
+            return  # our own close, not a fault
         log.warning("nats disconnected client=%s", name)
 
     async def reconnected_cb() -> None:
@@ -34,13 +38,15 @@ async def connect(url: str, name: str, connect_timeout: float = 10.0) -> Client:
     deadline = asyncio.get_running_loop().time() + connect_timeout
     while True:
         try:
-            return await nats.connect(
+            nc = await nats.connect(
                 url, name=name, error_cb=error_cb, disconnected_cb=disconnected_cb,
                 reconnected_cb=reconnected_cb, max_reconnect_attempts=-1,
                 reconnect_time_wait=0.25, ping_interval=10, max_outstanding_pings=3,
                 connect_timeout=2, allow_reconnect=True,
                 pending_size=64 * 1024 * 1024,
             )
+            holder.append(nc)
+            return nc
         except Exception as exc:  # noqa: BLE001 - first connect: retry until the deadline
             if asyncio.get_running_loop().time() > deadline:
                 raise RuntimeError(f"cannot reach NATS at {url}: {exc}") from exc

@@ -17,6 +17,7 @@ def setup(service: str, level: str = "INFO") -> logging.Logger:
     root.setLevel(level)
     # nats-py logs every reconnect attempt at ERROR; our callbacks report them once.
     logging.getLogger("nats").setLevel(logging.CRITICAL)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     return logging.getLogger(f"offramp.{service}")
 
 

@@ -22,6 +22,7 @@ from schemas import errors, subjects
 from schemas.codec import pack
 from schemas.errors import ServingError
 from schemas.messages import (Batch, Results, decode_infer_request, decode_map, encode_error,
+                              request_id_of,
                               encode_map, encode_reply)
 from services.common import bus, logs
 from services.common.config import Config
@@ -101,6 +102,8 @@ class Router:
             self.pending[req.id] = entry
             state.wake.set()
         except ServingError as exc:
+            if rid is None:
+                rid = request_id_of(msg.data)
             await self._reply_error_raw(msg.reply, rid, subject_model, exc, now)
         except Exception as exc:  # noqa: BLE001 - never let one request kill the service
             self.log.exception("intake failed")
@@ -210,7 +213,7 @@ class Router:
             if decision.batch_size <= 0:
                 return max(decision.wait_ms, 0.1) / 1000.0
             batch: list[Pending] = []
-            for entry in state.queue.pop(decision.batch_size):
+            for entry in state.queue.pop(self._payload_cap(decision.batch_size, head)):
                 if entry.replied:
                     continue
                 if now + state.service_ms / 1000.0 > entry.deadline:
@@ -223,6 +226,12 @@ class Router:
                 continue
             await self._send(model, state, worker.id, batch, now)
         return None
+
+    def _payload_cap(self, n: int, head: Pending) -> int:
+        """Cap a batch so its message stays under the server's max_payload."""
+        sample = sum(a.nbytes for a in head.inputs.values()) + 256
+        budget = self.nc.max_payload - 64 * 1024     # room for ids and envelope
+        return max(1, min(n, budget // sample))
 
     async def _send(self, model: str, state: ModelState, worker_id: str, batch: list[Pending],
                     now: float) -> None:

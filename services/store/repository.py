@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from sqlalchemy import Table, case, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -30,19 +28,18 @@ from services.store.models import (
     Request,
     Worker,
 )
+from services.store.rows import (
+    ExitConfigRow,
+    artifact_rows,
+    exit_config_row,
+    opt,
+    percentile,
+    profile_row,
+    ramp_rows,
+    request_row,
+)
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class ExitConfigRow:
-    model: str
-    version: int
-    thresholds: dict[int, float]  # ramp index -> threshold
-    active: list[int]
-    mode: str
-    reason: str
-    created_at: datetime  # naive UTC
 
 
 def _retry(fn: Callable[[], T], attempts: int = 20) -> T:
@@ -56,60 +53,6 @@ def _retry(fn: Callable[[], T], attempts: int = 20) -> T:
                 raise
             time.sleep(random.uniform(0, 0.002 * (attempt + 1)))
     raise AssertionError("unreachable")
-
-
-def _opt(kind: Callable[[Any], T], value: Any) -> T | None:
-    # Casting also turns numpy scalars from telemetry into types every driver adapts.
-    return None if value is None else kind(value)
-
-
-def _percentile(ordered: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not ordered:
-        return None
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def _request_row(r: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "request_id": str(r["request_id"]),
-        "model": r["model"],
-        "received_at": naive_utc(r["received_at"]),
-        "latency_ms": _opt(float, r.get("latency_ms")),
-        "status": r.get("status") or "ok",
-        "exit": _opt(int, r.get("exit")),
-        "early": _opt(bool, r.get("early")),
-        "label": _opt(int, r.get("label")),
-        "config_version": _opt(int, r.get("config_version")),
-    }
-
-
-def _profile_row(r: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "model": r["model"],
-        "config_version": _opt(int, r.get("config_version")),
-        "window_start": naive_utc(r["window_start"]),
-        "window_end": naive_utc(r["window_end"]),
-        "ramp": int(r["ramp"]),
-        "samples": int(r["samples"]),
-        "exit_rate": float(r["exit_rate"]),
-        "agreement": _opt(float, r.get("agreement")),
-    }
-
-
-def _exit_config(row: Any) -> ExitConfigRow:
-    return ExitConfigRow(
-        model=row.model,
-        version=row.version,
-        thresholds={int(k): float(v) for k, v in sorted(row.thresholds.items(), key=lambda kv: int(kv[0]))},
-        active=[int(i) for i in row.active],
-        mode=row.mode,
-        reason=row.reason,
-        created_at=row.created_at,
-    )
 
 
 class Store:
@@ -126,7 +69,7 @@ class Store:
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -157,51 +100,29 @@ class Store:
                 .with_for_update()  # PostgreSQL: one registrant per model at a time
             ).one_or_none()
             if old is not None and (old.version, old.manifest, old.path) == (
-                fields["version"], manifest, path
+                fields["version"],
+                manifest,
+                path,
             ):
                 return old.id
             if old is None:
-                res = conn.execute(insert(Model).values(name=manifest["name"], created_at=now, **fields))
+                res = conn.execute(
+                    insert(Model).values(name=manifest["name"], created_at=now, **fields)
+                )
                 model_id = res.inserted_primary_key[0]
             else:
                 model_id = old.id
                 conn.execute(update(Model).where(Model.id == model_id).values(**fields))
                 conn.execute(delete(Artifact).where(Artifact.model_id == model_id))
                 conn.execute(delete(Ramp).where(Ramp.model_id == model_id))
-            artifacts = list(self._artifacts(model_id, "block", manifest.get("blocks", []), path))
-            artifacts += self._artifacts(model_id, "ramp", manifest.get("ramps", []), path)
+            artifacts = artifact_rows(model_id, "block", manifest.get("blocks", []), path)
+            artifacts += artifact_rows(model_id, "ramp", manifest.get("ramps", []), path)
             if artifacts:
                 conn.execute(insert(Artifact), artifacts)
-            ramps = [
-                {
-                    "model_id": model_id,
-                    "idx": int(r["index"]),
-                    "site": int(r["after_block"]),
-                    "arch": r.get("arch"),
-                    "params": _opt(int, r.get("params")),
-                    "agreement": _opt(float, r.get("agreement")),
-                    "cost_ms": _opt(float, r.get("cost_ms")),
-                }
-                for r in manifest.get("ramps", [])
-            ]
+            ramps = ramp_rows(model_id, manifest.get("ramps", []))
             if ramps:
                 conn.execute(insert(Ramp), ramps)
             return model_id
-
-    @staticmethod
-    def _artifacts(model_id: int, kind: str, entries: Iterable[dict[str, Any]], path: str) -> list[dict[str, Any]]:
-        rows = []
-        for e in entries:
-            if "file" not in e:
-                continue
-            size = e.get("bytes")
-            if size is None and (f := Path(path) / e["file"]).is_file():
-                size = f.stat().st_size
-            rows.append({
-                "model_id": model_id, "kind": kind, "idx": int(e["index"]), "file": e["file"],
-                "sha256": e.get("sha256"), "bytes": _opt(int, size),
-            })
-        return rows
 
     def model_names(self) -> list[str]:
         with self.engine.connect() as conn:
@@ -219,11 +140,23 @@ class Store:
         """index, after_block, arch, params, agreement, cost_ms, file, sha256 by index."""
         art = Artifact.__table__.alias("a")
         q = (
-            select(Ramp.idx, Ramp.site, Ramp.arch, Ramp.params, Ramp.agreement, Ramp.cost_ms,
-                   art.c.file, art.c.sha256)
+            select(
+                Ramp.idx,
+                Ramp.site,
+                Ramp.arch,
+                Ramp.params,
+                Ramp.agreement,
+                Ramp.cost_ms,
+                art.c.file,
+                art.c.sha256,
+            )
             .join(Model, Model.id == Ramp.model_id)
-            .outerjoin(art, (art.c.model_id == Ramp.model_id) & (art.c.kind == "ramp")
-                       & (art.c.idx == Ramp.idx))
+            .outerjoin(
+                art,
+                (art.c.model_id == Ramp.model_id)
+                & (art.c.kind == "ramp")
+                & (art.c.idx == Ramp.idx),
+            )
             .where(Model.name == model)
             .order_by(Ramp.idx)
         )
@@ -236,10 +169,12 @@ class Store:
     def latest_exit_config(self, model: str) -> ExitConfigRow | None:
         with self.engine.connect() as conn:
             row = conn.execute(
-                select(ExitConfig).where(ExitConfig.model == model)
-                .order_by(ExitConfig.version.desc()).limit(1)
+                select(ExitConfig)
+                .where(ExitConfig.model == model)
+                .order_by(ExitConfig.version.desc())
+                .limit(1)
             ).one_or_none()
-        return None if row is None else _exit_config(row)
+        return None if row is None else exit_config_row(row)
 
     def save_exit_config(
         self, model: str, thresholds: dict[int, float], active: list[int], mode: str, reason: str
@@ -255,10 +190,12 @@ class Store:
 
         def attempt() -> ExitConfigRow:
             with self._writer.begin() as conn:
-                prev = conn.scalar(select(func.max(ExitConfig.version)).where(ExitConfig.model == model))
+                prev = conn.scalar(
+                    select(func.max(ExitConfig.version)).where(ExitConfig.model == model)
+                )
                 row = {**values, "version": (prev or 0) + 1, "created_at": utcnow()}
                 conn.execute(insert(ExitConfig).values(**row))  # (model, version) is unique
-            return _exit_config(SimpleNamespace(**row))
+            return exit_config_row(SimpleNamespace(**row))
 
         return _retry(attempt)
 
@@ -267,11 +204,11 @@ class Store:
     def add_exit_profiles(self, rows: list[dict[str, Any]], ingest_key: str | None = None) -> int:
         """Insert window x ramp profiles in one transaction; returns rows inserted
         (0 when the batch `ingest_key` was stored before)."""
-        return self._ingest(ExitProfile.__table__, [_profile_row(r) for r in rows], ingest_key)
+        return self._ingest(ExitProfile.__table__, [profile_row(r) for r in rows], ingest_key)
 
     def add_requests(self, rows: list[dict[str, Any]], ingest_key: str | None = None) -> int:
         """Insert request history in one transaction; returns rows inserted (0 on a redelivery)."""
-        return self._ingest(Request.__table__, [_request_row(r) for r in rows], ingest_key)
+        return self._ingest(Request.__table__, [request_row(r) for r in rows], ingest_key)
 
     def _ingest(self, table: Table, rows: list[dict[str, Any]], ingest_key: str | None) -> int:
         if ingest_key is None and not rows:
@@ -292,7 +229,9 @@ class Store:
 
     def _ingested(self, key: str) -> bool:
         with self.engine.connect() as conn:
-            return conn.scalar(select(IngestedBatch.key).where(IngestedBatch.key == key)) is not None
+            return (
+                conn.scalar(select(IngestedBatch.key).where(IngestedBatch.key == key)) is not None
+            )
 
     def prune_ingested(self, before: datetime) -> int:
         """Forget batch keys recorded before `before` (redeliveries come within minutes)."""
@@ -313,14 +252,16 @@ class Store:
                     func.coalesce(func.sum(case((ok & Request.early.is_(True), 1), else_=0)), 0),
                 ).where(*where)
             ).one()
-            latencies = sorted(conn.scalars(
-                select(Request.latency_ms).where(*where, ok, Request.latency_ms.is_not(None))
-            ))
+            latencies = sorted(
+                conn.scalars(
+                    select(Request.latency_ms).where(*where, ok, Request.latency_ms.is_not(None))
+                )
+            )
         return {
             "count": int(count),
             "errors": int(count - n_ok),
-            "p50_ms": _percentile(latencies, 0.50),
-            "p95_ms": _percentile(latencies, 0.95),
+            "p50_ms": percentile(latencies, 0.50),
+            "p95_ms": percentile(latencies, 0.95),
             "early_share": n_early / n_ok if n_ok else None,
         }
 
@@ -347,36 +288,55 @@ class Store:
         out = []
         with self.engine.connect() as conn:
             for ramp, windows, samples, rate_w, rate_avg, agr_w, agr_n, agr_avg in conn.execute(q):
-                out.append({
-                    "ramp": ramp,
-                    "windows": int(windows),
-                    "samples": int(samples or 0),
-                    "exit_rate": float(rate_w / samples) if samples else _opt(float, rate_avg),
-                    "agreement": float(agr_w / agr_n) if agr_n else _opt(float, agr_avg),
-                })
+                out.append(
+                    {
+                        "ramp": ramp,
+                        "windows": int(windows),
+                        "samples": int(samples or 0),
+                        "exit_rate": float(rate_w / samples) if samples else opt(float, rate_avg),
+                        "agreement": float(agr_w / agr_n) if agr_n else opt(float, agr_avg),
+                    }
+                )
         return out
 
     # -- workers -------------------------------------------------------------------
 
     def upsert_worker(
-        self, worker_id: str, model: str, stage: int, first_block: int, last_block: int,
-        host: str, pid: int, status: str, last_seen: datetime,
+        self,
+        worker_id: str,
+        model: str,
+        stage: int,
+        first_block: int,
+        last_block: int,
+        host: str,
+        pid: int,
+        status: str,
+        last_seen: datetime,
     ) -> None:
         """Insert or refresh a worker (heartbeat). started_at resets when the process changed."""
         seen = naive_utc(last_seen)
         ins = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
         stmt = ins(Worker).values(
-            worker_id=worker_id, model=model, stage=int(stage), first_block=int(first_block),
-            last_block=int(last_block), host=host, pid=int(pid), status=status,
-            started_at=seen, last_seen=seen,
+            worker_id=worker_id,
+            model=model,
+            stage=int(stage),
+            first_block=int(first_block),
+            last_block=int(last_block),
+            host=host,
+            pid=int(pid),
+            status=status,
+            started_at=seen,
+            last_seen=seen,
         )
         new = stmt.excluded
         restarted = or_(Worker.pid != new.pid, Worker.host != new.host)
         cols = ("model", "stage", "first_block", "last_block", "host", "pid", "status", "last_seen")
         stmt = stmt.on_conflict_do_update(
             index_elements=[Worker.worker_id],
-            set_={**{c: new[c] for c in cols},
-                  "started_at": case((restarted, new.started_at), else_=Worker.started_at)},
+            set_={
+                **{c: new[c] for c in cols},
+                "started_at": case((restarted, new.started_at), else_=Worker.started_at),
+            },
         )
         with self._writer.begin() as conn:
             conn.execute(stmt)

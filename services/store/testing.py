@@ -29,8 +29,12 @@ def backend_params() -> list[Any]:
         "sqlite",
         pytest.param(
             "postgresql",
-            marks=[pytest.mark.postgres,
-                   pytest.mark.skipif(not os.environ.get(POSTGRES_ENV), reason=f"{POSTGRES_ENV} unset")],
+            marks=[
+                pytest.mark.postgres,
+                pytest.mark.skipif(
+                    not os.environ.get(POSTGRES_ENV), reason=f"{POSTGRES_ENV} unset"
+                ),
+            ],
         ),
     ]
 

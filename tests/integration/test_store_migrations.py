@@ -18,7 +18,13 @@ from services.store.models import Base
 from services.store.testing import backend_params, temp_database
 
 TABLES = {
-    "models", "artifacts", "ramps", "exit_configs", "exit_profiles", "requests", "workers",
+    "models",
+    "artifacts",
+    "ramps",
+    "exit_configs",
+    "exit_profiles",
+    "requests",
+    "workers",
     "ingested_batches",
 }
 

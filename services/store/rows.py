@@ -1,0 +1,118 @@
+"""Plain-value conversions between callers' dicts and table rows (no I/O but a stat)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from services.store.db import naive_utc
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ExitConfigRow:
+    model: str
+    version: int
+    thresholds: dict[int, float]  # ramp index -> threshold
+    active: list[int]
+    mode: str
+    reason: str
+    created_at: datetime  # naive UTC
+
+
+def opt(kind: Callable[[Any], T], value: Any) -> T | None:
+    # Casting also turns numpy scalars from telemetry into types every driver adapts.
+    return None if value is None else kind(value)
+
+
+def percentile(ordered: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not ordered:
+        return None
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def request_row(r: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "request_id": str(r["request_id"]),
+        "model": r["model"],
+        "received_at": naive_utc(r["received_at"]),
+        "latency_ms": opt(float, r.get("latency_ms")),
+        "status": r.get("status") or "ok",
+        "exit": opt(int, r.get("exit")),
+        "early": opt(bool, r.get("early")),
+        "label": opt(int, r.get("label")),
+        "config_version": opt(int, r.get("config_version")),
+    }
+
+
+def profile_row(r: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "model": r["model"],
+        "config_version": opt(int, r.get("config_version")),
+        "window_start": naive_utc(r["window_start"]),
+        "window_end": naive_utc(r["window_end"]),
+        "ramp": int(r["ramp"]),
+        "samples": int(r["samples"]),
+        "exit_rate": float(r["exit_rate"]),
+        "agreement": opt(float, r.get("agreement")),
+    }
+
+
+def exit_config_row(row: Any) -> ExitConfigRow:
+    return ExitConfigRow(
+        model=row.model,
+        version=row.version,
+        thresholds={
+            int(k): float(v) for k, v in sorted(row.thresholds.items(), key=lambda kv: int(kv[0]))
+        },
+        active=[int(i) for i in row.active],
+        mode=row.mode,
+        reason=row.reason,
+        created_at=row.created_at,
+    )
+
+
+def artifact_rows(
+    model_id: int, kind: str, entries: Iterable[dict[str, Any]], path: str
+) -> list[dict[str, Any]]:
+    rows = []
+    for e in entries:
+        if "file" not in e:
+            continue
+        size = e.get("bytes")
+        if size is None and (f := Path(path) / e["file"]).is_file():
+            size = f.stat().st_size
+        rows.append(
+            {
+                "model_id": model_id,
+                "kind": kind,
+                "idx": int(e["index"]),
+                "file": e["file"],
+                "sha256": e.get("sha256"),
+                "bytes": opt(int, size),
+            }
+        )
+    return rows
+
+
+def ramp_rows(model_id: int, ramps: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "model_id": model_id,
+            "idx": int(r["index"]),
+            "site": int(r["after_block"]),
+            "arch": r.get("arch"),
+            "params": opt(int, r.get("params")),
+            "agreement": opt(float, r.get("agreement")),
+            "cost_ms": opt(float, r.get("cost_ms")),
+        }
+        for r in ramps
+    ]

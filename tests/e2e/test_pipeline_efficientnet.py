@@ -1,0 +1,139 @@
+"""End to end through `offramp up` on EfficientNet-Lite0: 500 requests, early exits before
+finals, telemetry in the store, and a worker killed with SIGKILL under load."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from schemas.codec import unpack
+from services.common import bus
+from services.common.load import drive
+from tests.conftest import Stack, wait_for
+
+pytestmark = pytest.mark.e2e
+MODEL = "efficientnet-lite0"
+
+
+@pytest.fixture(scope="module")
+def stack(models_dir, tmp_path_factory):
+    s = Stack(tmp_path_factory.mktemp("effnet"), MODEL, models_dir, ["--replicas", "2"])
+    yield s
+    s.stop()
+
+
+def _frames(n: int, seed: int) -> list[dict[str, np.ndarray]]:
+    from services.models.zoo import sample_inputs
+
+    batch = sample_inputs(MODEL, n, seed=seed)
+    return [{"image": batch["image"][i]} for i in range(n)]
+
+
+def test_500_requests_all_answered_early_before_final(stack):
+    out = stack.cli("exit-config", MODEL, "--threshold", "0.3", "--reason", "e2e test")
+    assert out.returncode == 0, out.stdout + out.stderr
+    frames = _frames(100, seed=5)
+    inputs = [frames[i % len(frames)] for i in range(500)]
+
+    async def run():
+        nc = await bus.connect(stack.url, "e2e-spy")
+        seen: list[tuple[str, dict]] = []
+
+        async def spy(msg):
+            if msg.subject.startswith("offramp.results.") or msg.subject.startswith("offramp.telemetry.samples."):
+                seen.append((msg.subject, unpack(msg.data)))
+
+        await nc.subscribe("offramp.>", cb=spy)
+        await asyncio.sleep(0.5)  # workers swap in the new exit config between batches
+        outcomes = await drive(nc, MODEL, inputs, concurrency=8, slo_ms=5000, timeout=10)
+        await asyncio.sleep(0.5)
+        await nc.close()
+        return outcomes, seen
+
+    outcomes, seen = asyncio.run(run())
+    assert len(outcomes) == 500
+    bad = [o for o in outcomes if not o.ok]
+    assert not bad, f"{len(bad)} failed: {[o.code for o in bad[:5]]}"
+    assert all(0 <= o.label < 1000 for o in outcomes)
+    early = [o for o in outcomes if o.early]
+    assert early and all(o.exit >= 0 for o in early)
+    assert all(o.exit == -1 for o in outcomes if not o.early)
+
+    # One subscriber sees one worker's messages in publish order: for every batch with an
+    # early exit, the early result precedes the batch's final result and its telemetry,
+    # which carries the final prediction of the early-exited samples too.
+    order: dict[str, list[str]] = {}
+    for subject, m in seen:
+        kind = "telemetry" if "telemetry" in subject else ("early" if m["early"] else "final")
+        order.setdefault(m["batch_id"], []).append(kind)
+    with_early = [kinds for kinds in order.values() if "early" in kinds]
+    assert with_early
+    for kinds in with_early:
+        assert kinds.index("early") < kinds.index("final") < kinds.index("telemetry"), kinds
+
+    # Telemetry lands in the store: request history and exit profiles.
+    assert wait_for(lambda: stack.sql("select count(*) from requests where status='ok'")[0][0] >= 500)
+    assert wait_for(lambda: (stack.sql(
+        "select coalesce(sum(samples),0) from exit_profiles where ramp=-1")[0][0] or 0) >= 500)
+    early_rows = stack.sql("select count(*) from requests where early=1 and exit >= 0")[0][0]
+    assert early_rows == len(early)
+
+
+def test_bad_slo_and_overload_get_errors_not_silence(stack):
+    frame = _frames(1, seed=9)[0]
+
+    async def run():
+        nc = await bus.connect(stack.url, "e2e-deadline")
+        # 0.5 ms cannot be met: deadline_exceeded, never a hang.
+        out = await drive(nc, MODEL, [frame] * 4, concurrency=4, slo_ms=0.5, timeout=5)
+        await nc.close()
+        return out
+
+    outs = asyncio.run(run())
+    assert {o.code for o in outs} == {"deadline_exceeded"}
+
+
+def test_sigkill_worker_under_load_every_request_answered(stack):
+    frames = _frames(50, seed=7)
+    slo_ms = 4000.0
+    victim = next(pid for name, pid in stack.pids.items() if name.startswith("worker-"))
+
+    async def run():
+        nc = await bus.connect(stack.url, "e2e-kill")
+
+        async def killer():
+            await asyncio.sleep(1.0)
+            os.kill(victim, signal.SIGKILL)
+
+        task = asyncio.ensure_future(killer())
+        t0 = time.perf_counter()
+        # Client timeout = deadline + 1 s: a missing reply shows up as code "timeout".
+        outs = await drive(nc, MODEL, [frames[i % 50] for i in range(300)], concurrency=16,
+                           slo_ms=slo_ms, timeout=slo_ms / 1000 + 1.0)
+        await task
+        await nc.close()
+        return outs, time.perf_counter() - t0
+
+    outs, _ = asyncio.run(run())
+    assert len(outs) == 300
+    codes = {o.code for o in outs}
+    assert "timeout" not in codes and "no_responders" not in codes, codes
+    assert codes <= {"ok", "deadline_exceeded", "no_workers", "internal"}
+    assert sum(o.ok for o in outs) >= 250  # the surviving replica kept serving
+    # The supervisor restarts the killed worker.
+    assert wait_for(lambda: len([w for w in _router_workers(stack)]) >= 2, timeout=30)
+
+
+def _router_workers(stack):
+    import json
+
+    out = stack.cli("status", "--json")
+    if out.returncode != 0:
+        return []
+    status = json.loads(out.stdout)
+    return status.get("router", {}).get("models", {}).get(MODEL, {}).get("workers", [])

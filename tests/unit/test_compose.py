@@ -1,0 +1,164 @@
+"""docker-compose.yml and compose/: well-formed, and every command is a real ``offramp`` one.
+
+No Docker engine is needed: the files are parsed and each service's command is run
+through the CLI's own argparse parser, so renaming or removing a subcommand in
+services/cli.py breaks this test instead of a cluster start.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.cli import build_parser
+from services.common import config as config_mod
+from services.models.zoo import ZOO
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "compose" / "Dockerfile"
+ENV_FILE = ROOT / "compose" / "offramp.env"
+NATS_CONF = ROOT / "compose" / "nats-server.conf"
+
+REQUIRED = {"nats", "postgres", "migrate", "router", "monitor", "worker"}
+OFFRAMP_SERVICES = {"migrate", "router", "monitor", "worker"}
+
+
+class NotAnOfframpCommand(AssertionError):
+    pass
+
+
+def parse_offramp(command) -> object:
+    """Parse a compose ``command`` (string or list) as ``offramp`` argv; raise if it is not one."""
+    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    if argv and argv[0] == "offramp":  # entrypoint written out in full
+        argv = argv[1:]
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit as exc:
+        raise NotAnOfframpCommand(f"not an offramp command: {argv!r} (exit {exc.code})") from None
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose) -> dict:
+    return compose["services"]
+
+
+def read_env_file() -> dict[str, str]:
+    env = {}
+    for line in ENV_FILE.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        assert sep, f"bad env line {line!r}"
+        env[key.strip()] = value.strip()
+    return env
+
+
+def test_compose_parses_and_has_required_services(services):
+    assert REQUIRED <= set(services)
+
+
+def test_parser_rejects_bogus_commands():
+    # The checks below are only worth something if a wrong command fails them.
+    for bogus in (["serve", "tuner"], ["frobnicate"], "offramp serve-worker",
+                  ["db", "migrate"], ["offramp"], []):
+        with pytest.raises(NotAnOfframpCommand):
+            parse_offramp(bogus)
+
+
+@pytest.mark.parametrize("name", sorted(OFFRAMP_SERVICES))
+def test_offramp_service_command_is_a_real_subcommand(services, name):
+    svc = services[name]
+    assert "command" in svc, f"{name} has no command"
+    args = parse_offramp(svc["command"])
+    assert callable(args.fn)
+
+
+def test_commands_do_what_each_service_is_for(services):
+    assert parse_offramp(services["migrate"]["command"]).command == "db"
+    assert parse_offramp(services["migrate"]["command"]).action == "upgrade"
+    for name in ("router", "monitor", "worker"):
+        args = parse_offramp(services[name]["command"])
+        assert (args.command, args.service) == ("serve", name)
+    worker = parse_offramp(services["worker"]["command"])
+    assert worker.model in ZOO and worker.stage == 0
+
+
+@pytest.mark.parametrize("name", sorted(OFFRAMP_SERVICES))
+def test_offramp_services_share_image_and_env(services, name):
+    svc = services[name]
+    assert svc["build"] == {"context": ".", "dockerfile": "compose/Dockerfile"}
+    env_file = svc["env_file"]
+    env_files = [env_file] if isinstance(env_file, str) else env_file
+    assert "compose/offramp.env" in env_files
+    assert (ROOT / svc["build"]["dockerfile"]).is_file()
+
+
+@pytest.mark.parametrize("name", ["router", "monitor", "worker"])
+def test_long_running_services_wait_for_nats_and_migrations(services, name):
+    svc = services[name]
+    assert svc["restart"] == "unless-stopped"
+    deps = svc["depends_on"]
+    assert deps["nats"]["condition"] == "service_started"
+    assert deps["migrate"]["condition"] == "service_completed_successfully"
+
+
+def test_migrate_waits_for_healthy_postgres(services):
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert "pg_isready" in str(services["postgres"]["healthcheck"]["test"])
+
+
+def test_worker_is_scalable(services):
+    worker = services["worker"]
+    assert "container_name" not in worker
+    assert "ports" not in worker
+
+
+def test_nats_publishes_client_port_and_mounts_conf(services):
+    nats = services["nats"]
+    assert any(str(p).split(":")[-2:] == ["4222", "4222"] for p in nats["ports"])
+    assert any("nats-server.conf" in str(v) for v in nats["volumes"])
+    assert "/etc/nats/nats-server.conf" in " ".join(map(str, nats["command"]))
+
+
+def test_env_file_names_known_variables():
+    env = read_env_file()
+    assert env["OFFRAMP_NATS_URL"] == "nats://nats:4222"
+    assert env["OFFRAMP_DATABASE_URL"].startswith("postgresql+psycopg://")
+    assert "@postgres:5432/" in env["OFFRAMP_DATABASE_URL"]
+    documented = {name for name, _, _ in config_mod.DOCUMENTED}
+    assert set(env) <= documented, f"unknown variables: {set(env) - documented}"
+    for model in env["OFFRAMP_MODELS"].split(","):
+        assert model.strip() in ZOO
+
+
+def test_nats_conf_has_jetstream_and_max_payload():
+    text = NATS_CONF.read_text()
+    assert re.search(r"^\s*jetstream\s*[{:]", text, re.M)
+    assert re.search(r"store_dir\s*:\s*/data", text)
+    assert re.search(r"^\s*max_payload\s*:\s*8MB\s*$", text, re.M)
+    assert re.search(r"^\s*http_port\s*:\s*8222\s*$", text, re.M)
+
+
+def test_dockerfile_entrypoint_and_prepare_commands():
+    text = DOCKERFILE.read_text()
+    assert re.search(r'^ENTRYPOINT \["offramp"\]', text, re.M)
+    assert "pip install torch==2.13.0" in text
+    assert text.index("torch==2.13.0") < text.index("pip install -e .")
+    prepares = re.findall(r"offramp (prepare [\w-]+)", text)
+    assert {p.split()[1] for p in prepares} >= {"tiny", "efficientnet-lite0"}
+    for p in prepares:
+        assert parse_offramp(p).model in ZOO

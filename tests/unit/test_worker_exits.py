@@ -1,0 +1,74 @@
+"""Worker policy code: exit decisions, stage planning, stage execution with a fake runtime."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from schemas.messages import ExitConfig
+from services.worker.exits import exits_at, initial_config, ramp_outcome
+from services.worker.service import plan_stages
+from services.worker.stage_exec import execute
+
+
+def test_ramp_outcome_labels_and_scores():
+    logits = np.array([[0.0, 10.0, 0.0], [1.0, 1.0, 1.0]], np.float32)
+    labels, scores = ramp_outcome(logits, "max_softmax")
+    assert labels.tolist()[0] == 1
+    assert scores[0] < 0.01 and abs(scores[1] - 2 / 3) < 1e-5   # 1 - max softmax
+
+
+def test_exits_only_below_threshold_for_active_unexited_samples():
+    cfg = ExitConfig("m", 3, thresholds={0: 0.3, 1: 0.0}, active=[0, 1])
+    scores = np.array([0.1, 0.3, 0.5, 0.05], np.float32)
+    exit_at = np.array([-1, -1, -1, 1], np.int32)
+    assert exits_at(0, scores, exit_at, cfg).tolist() == [True, False, False, False]
+    assert not exits_at(1, scores, exit_at, cfg).any()        # threshold 0 never exits
+    inactive = ExitConfig("m", 3, thresholds={0: 0.9}, active=[])
+    assert not exits_at(0, scores, exit_at, inactive).any()
+
+
+def test_initial_config_exits_nothing():
+    cfg = initial_config("m", [0, 1, 2])
+    assert cfg.version == 0 and cfg.active == [0, 1, 2] and set(cfg.thresholds.values()) == {0.0}
+
+
+def test_plan_stages():
+    assert plan_stages(12, []) == [(0, 12)]
+    assert plan_stages(12, [4, 9]) == [(0, 4), (4, 9), (9, 12)]
+    assert plan_stages(12, [9, 4, 4, 0, 12]) == [(0, 4), (4, 9), (9, 12)]
+
+
+class FakeRuntime:
+    """Block b adds 1; ramp r answers class r with a confidence that grows with the input."""
+
+    def run_block(self, b, x):
+        x = x["x"] if isinstance(x, dict) else x
+        return x + 1.0
+
+    def run_ramp(self, r, x):
+        logits = np.zeros((x.shape[0], 4), np.float32)
+        logits[:, r] = x[:, 0] * 5
+        return logits
+
+
+def test_execute_records_every_active_ramp_and_exits_early_once():
+    ramps = [SimpleNamespace(index=0, after_block=0), SimpleNamespace(index=1, after_block=1)]
+    cfg = ExitConfig("m", 7, thresholds={0: 0.1, 1: 0.5}, active=[0, 1])
+    x = {"x": np.array([[-1.0], [2.0]], np.float32)}  # sample 1 is confident at ramp 0
+    early = []
+    out = execute(FakeRuntime(), ramps, 0, 3, x, np.full(2, -1, np.int32), cfg,
+                  lambda r, idx, lab, sc, lg: early.append((r, idx.tolist(), lab.tolist())))
+    assert out.ramp_ids == [0, 1] and len(out.ramp_pred) == 2
+    assert out.exit_at.tolist() == [1, 0]             # sample 0 exits later, at ramp 1
+    assert early == [(0, [1], [0]), (1, [0], [1])]
+    assert out.output.shape == (2, 1) and float(out.output[0, 0]) == 2.0
+
+
+def test_execute_skips_inactive_ramps():
+    ramps = [SimpleNamespace(index=0, after_block=0)]
+    cfg = ExitConfig("m", 1, thresholds={0: 0.9}, active=[])
+    out = execute(FakeRuntime(), ramps, 0, 1, {"x": np.zeros((1, 1), np.float32)},
+                  np.full(1, -1, np.int32), cfg)
+    assert out.ramp_ids == [] and out.exit_at.tolist() == [-1]

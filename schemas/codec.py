@@ -25,8 +25,9 @@ class CodecError(ValueError):
 
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
-        arr = np.ascontiguousarray(obj)
-        payload = msgpack.packb([arr.dtype.str, list(arr.shape), arr.tobytes()], use_bin_type=True)
+        # tobytes() is C order whatever the layout; ascontiguousarray would turn 0-d into 1-d.
+        payload = msgpack.packb([obj.dtype.str, list(obj.shape), obj.tobytes(order="C")],
+                                use_bin_type=True)
         return msgpack.ExtType(TENSOR_EXT, payload)
     if isinstance(obj, np.generic):
         return obj.item()

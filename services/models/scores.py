@@ -1,6 +1,6 @@
 """Exit scores from ramp logits. Pure numpy; LOWER score = MORE confident.
 
-A sample exits at a ramp when its score is at or below the ramp's threshold, so every
+A sample exits at a ramp when its score is strictly below the ramp's threshold, so every
 score kind is oriented the same way and thresholds stay comparable across kinds.
 """
 

@@ -1,0 +1,421 @@
+"""The wire contract of ``schemas/README.md`` against the code that implements it.
+
+The client below is written from the README alone (msgpack + numpy, no ``schemas.codec``):
+if it and ``schemas.codec`` / ``schemas.messages`` disagree on a byte, a client in another
+language written from the same page would be broken too.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+from schemas import errors, subjects
+from schemas.codec import pack, unpack
+from schemas.errors import ServingError
+from schemas.messages import (Batch, ExitConfig, InferRequest, Results, decode_infer_request,
+                              decode_map, encode_error, encode_map, encode_reply)
+
+README = Path(__file__).resolve().parents[2] / "schemas" / "README.md"
+
+# ---------------------------------------------------------------- client from the README
+
+TENSOR_EXT = 1
+ALLOWED_KINDS = "biuf"
+
+
+def client_tensor(arr: np.ndarray) -> msgpack.ExtType:
+    arr = np.ascontiguousarray(arr)
+    payload = msgpack.packb([arr.dtype.str, list(arr.shape), arr.tobytes()], use_bin_type=True)
+    return msgpack.ExtType(TENSOR_EXT, payload)
+
+
+def raw_tensor(dtype: Any, shape: Any, data: Any) -> msgpack.ExtType:
+    """A tensor built field by field, to make malformed ones."""
+    return msgpack.ExtType(TENSOR_EXT, msgpack.packb([dtype, shape, data], use_bin_type=True))
+
+
+def _client_ext_hook(code: int, payload: bytes) -> np.ndarray:
+    assert code == TENSOR_EXT, f"unknown ext type {code}"
+    dtype_s, shape, data = msgpack.unpackb(payload, raw=False)
+    dtype = np.dtype(dtype_s)
+    assert dtype.kind in ALLOWED_KINDS, dtype_s
+    assert isinstance(data, bytes)
+    assert len(data) == int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def client_encode(msg: dict[str, Any]) -> bytes:
+    def default(obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            return client_tensor(obj)
+        raise TypeError(type(obj).__name__)
+
+    return msgpack.packb(msg, default=default, use_bin_type=True)
+
+
+def client_decode(data: bytes) -> Any:
+    return msgpack.unpackb(data, ext_hook=_client_ext_hook, raw=False, strict_map_key=False)
+
+
+def client_request(rid: str, model: str, inputs: dict[str, np.ndarray],
+                   slo_ms: float | None = None) -> bytes:
+    msg: dict[str, Any] = {"v": 1, "id": rid, "model": model, "inputs": inputs}
+    if slo_ms is not None:
+        msg["slo_ms"] = float(slo_ms)
+    return client_encode(msg)
+
+
+def assert_bad_request(data: bytes) -> ServingError:
+    with pytest.raises(ServingError) as info:
+        decode_map(data)
+    assert info.value.code == errors.BAD_REQUEST
+    assert info.value.message
+    return info.value
+
+
+def readme() -> str:
+    return README.read_text(encoding="utf-8")
+
+
+def readme_section(title: str) -> str:
+    text = readme()
+    start = text.index(f"\n### {title}\n")
+    nxt = re.search(r"\n##+ ", text[start + 1:])
+    return text[start: start + 1 + nxt.start()] if nxt else text[start:]
+
+
+def table_fields(section: str) -> set[str]:
+    """Names in the first column of the markdown table(s) of a section."""
+    return set(re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.M))
+
+
+# ---------------------------------------------------------------- tensors
+
+TENSORS = [
+    np.arange(16, dtype="<f4") / 16,
+    np.arange(24, dtype="<i8").reshape(2, 3, 4),
+    np.arange(10, dtype="|u1"),
+    np.array([True, False, True]),
+    np.array([-1, 0, 1], dtype="|i1"),
+    np.zeros((0, 5), dtype="<f4"),
+    np.linspace(-1, 1, 12, dtype="<f8").reshape(3, 4).T,   # non-contiguous: sent C-order
+    np.arange(7, dtype="|u1"),                              # 16-byte payload: fixext 16
+    np.full((3, 224, 224), 0.25, dtype="<f4"),             # efficientnet-lite0 input
+]
+
+
+@pytest.mark.parametrize("arr", TENSORS, ids=lambda a: f"{a.dtype.str}{list(a.shape)}")
+def test_tensor_ext_layout_is_byte_exact(arr: np.ndarray) -> None:
+    ours = msgpack.packb(client_tensor(arr), use_bin_type=True)
+    assert pack(arr) == ours
+    code, payload = _ext(pack(arr))
+    assert code == 1
+    dtype_s, shape, data = msgpack.unpackb(payload, raw=False)
+    assert dtype_s == arr.dtype.str
+    assert shape == list(arr.shape)
+    assert isinstance(data, bytes) and data == np.ascontiguousarray(arr).tobytes()
+    back = unpack(ours)
+    assert back.dtype == arr.dtype and back.shape == arr.shape
+    np.testing.assert_array_equal(back, arr)
+    np.testing.assert_array_equal(client_decode(pack(arr)), arr)
+
+
+def _ext(data: bytes) -> tuple[int, bytes]:
+    ext = msgpack.unpackb(data, raw=False)
+    assert isinstance(ext, msgpack.ExtType)
+    return ext.code, ext.data
+
+
+def test_ext_header_forms() -> None:
+    # README: ext 8 for most tensors, fixext 16 for a 16-byte payload, ext 16 beyond 255 bytes.
+    assert pack(np.full(16, 0.5, "<f4"))[:3] == bytes([0xC7, 0x49, 0x01])
+    assert pack(np.arange(7, dtype="|u1"))[:2] == bytes([0xD8, 0x01])
+    assert pack(np.zeros(100, "<f4"))[:1] == bytes([0xC8])
+    assert pack(np.zeros(20000, "<f4"))[:1] == bytes([0xC9])
+
+
+def test_decoder_accepts_scalar_shape() -> None:
+    arr = unpack(msgpack.packb(raw_tensor("<f4", [], np.float32(2.5).tobytes()), use_bin_type=True))
+    assert arr.shape == () and float(arr) == 2.5
+
+
+def test_zero_d_round_trip() -> None:
+    assert unpack(pack(np.array(2.5, "<f4"))).shape == ()
+
+
+# ---------------------------------------------------------------- the request
+
+def test_request_round_trips_into_decode_infer_request() -> None:
+    image = np.random.default_rng(0).random((3, 224, 224), dtype=np.float32)
+    data = client_request("r-1", "efficientnet-lite0", {"image": image}, slo_ms=120)
+    msg = decode_map(data)
+    req = decode_infer_request(msg, "efficientnet-lite0")
+    assert (req.id, req.model, req.slo_ms) == ("r-1", "efficientnet-lite0", 120.0)
+    assert set(req.inputs) == {"image"}
+    assert req.inputs["image"].dtype.str == "<f4" and req.inputs["image"].shape == (3, 224, 224)
+    np.testing.assert_array_equal(req.inputs["image"], image)
+    # The package's own encoder writes the same bytes.
+    assert InferRequest("r-1", "efficientnet-lite0", {"image": image}, 120.0).encode() == data
+    assert len(data) < 8 * 1024 * 1024
+
+
+def test_optional_fields_default() -> None:
+    data = client_encode({"v": 1, "id": "r-2", "inputs": {"x": np.zeros(16, "<f4")}})
+    req = decode_infer_request(decode_map(data), "tiny")
+    assert req.model == "tiny" and req.slo_ms is None
+    req = decode_infer_request(decode_map(client_encode(
+        {"v": 1, "id": "r-3", "inputs": {"x": np.zeros(16, "<f4")}, "slo_ms": None,
+         "unknown_field": [1, 2]})), "tiny")
+    assert req.slo_ms is None
+
+
+def _readme_example_bytes() -> bytes:
+    text = readme()
+    block = text.split("<!-- wire-example:request -->", 1)[1].split("```", 2)[1]
+    return bytes.fromhex(" ".join(block.split()))
+
+
+def test_readme_byte_dump_is_what_both_encoders_write() -> None:
+    msg = {"v": 1, "id": "req-1", "model": "tiny", "inputs": {"x": np.full(16, 0.5, "<f4")},
+           "slo_ms": 250.0}
+    expected = _readme_example_bytes()
+    assert len(expected) == 126
+    assert client_encode(msg) == expected
+    assert pack(msg) == expected
+    assert InferRequest("req-1", "tiny", {"x": np.full(16, 0.5, "<f4")}, 250.0).encode() == expected
+    req = decode_infer_request(decode_map(expected), "tiny")
+    np.testing.assert_array_equal(req.inputs["x"], np.full(16, 0.5, "<f4"))
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"id": ""}, "'id'"),
+    ({"id": 7}, "'id'"),
+    ({"id": None}, "'id'"),
+    ({"model": "other"}, "'model'"),
+    ({"model": None}, "'model'"),
+    ({"inputs": {}}, "'inputs'"),
+    ({"inputs": [1, 2]}, "'inputs'"),
+    ({"inputs": {"x": [0.0] * 16}}, "tensor"),
+    ({"slo_ms": 0}, "slo_ms"),
+    ({"slo_ms": -5.0}, "slo_ms"),
+    ({"slo_ms": float("inf")}, "slo_ms"),
+    ({"slo_ms": float("nan")}, "slo_ms"),
+    ({"slo_ms": True}, "slo_ms"),
+    ({"slo_ms": "100"}, "slo_ms"),
+])
+def test_bad_request_fields(change: dict, fragment: str) -> None:
+    msg = {"v": 1, "id": "r", "model": "tiny", "inputs": {"x": np.zeros(16, "<f4")}, "slo_ms": 10}
+    msg.update(change)
+    with pytest.raises(ServingError) as info:
+        decode_infer_request(decode_map(client_encode(msg)), "tiny")
+    assert info.value.code == errors.BAD_REQUEST
+    assert fragment in info.value.message
+
+
+# ---------------------------------------------------------------- envelope failures
+
+def test_malformed_msgpack() -> None:
+    assert_bad_request(b"\xc1")                                 # never-used byte
+    assert_bad_request(client_encode({"v": 1, "id": "x"})[:-2])  # truncated
+    assert_bad_request(client_encode({"v": 1}) + b"\x01")         # trailing data
+    assert_bad_request(b"")
+    assert_bad_request(b"\x81\xa1v\x01\xa2id\xa2\xff\xfe")      # invalid UTF-8 in a str
+
+
+@pytest.mark.parametrize("version", [None, 0, 2, "1", [1]])
+def test_wrong_version(version: Any) -> None:
+    msg: dict[str, Any] = {"id": "r", "inputs": {"x": np.zeros(16, "<f4")}}
+    if version is not None:
+        msg["v"] = version
+    err = assert_bad_request(client_encode(msg))
+    assert "version" in err.message
+
+
+@pytest.mark.parametrize("body", [[1, "v"], 1, "v", None, b"\x01"])
+def test_non_map(body: Any) -> None:
+    err = assert_bad_request(msgpack.packb(body, use_bin_type=True))
+    assert "map" in err.message
+
+
+@pytest.mark.parametrize("tensor", [
+    raw_tensor("<f4", [16], b"\x00" * 63),                   # one byte short
+    raw_tensor("<f4", [16], b"\x00" * 68),                   # one element too many
+    raw_tensor("<f4", [2, 8], b""),
+    raw_tensor("|O", [1], b"\x00" * 8),                      # object dtype
+    raw_tensor("|V8", [1], b"\x00" * 8),                     # void dtype
+    raw_tensor("<U1", [1], b"\x00" * 4),                     # unicode dtype
+    raw_tensor("<c8", [1], b"\x00" * 8),                     # complex
+    raw_tensor("not-a-dtype", [1], b"\x00"),
+    raw_tensor("<f4", [-1], b""),                            # negative dim
+    raw_tensor("<f4", 4, b"\x00" * 16),                      # shape not a list
+    raw_tensor("<f4", [1.0], b"\x00" * 4),                   # float dim
+    raw_tensor("<f4", [1], "\x00\x00\x00\x00"),             # data as str, not bin
+    raw_tensor("<f4", [1], None),
+    msgpack.ExtType(1, msgpack.packb(["<f4", [1]], use_bin_type=True)),   # two elements
+    msgpack.ExtType(1, b"\xc1"),                             # payload not msgpack
+    msgpack.ExtType(2, client_tensor(np.zeros(1, "<f4")).data),           # unknown ext code
+], ids=lambda t: repr(t)[:60])
+def test_bad_tensor_payload(tensor: msgpack.ExtType) -> None:
+    msg = {"v": 1, "id": "r", "model": "tiny", "inputs": {"x": tensor}}
+    assert_bad_request(msgpack.packb(msg, use_bin_type=True))
+
+
+# ---------------------------------------------------------------- replies
+
+def test_success_reply_fields_and_types() -> None:
+    logits = np.linspace(-2, 2, 10, dtype=np.float32)
+    data = encode_reply("r-9", "tiny", {"logits": logits}, np.int32(7), np.float32(0.125),
+                        np.int32(-1), np.bool_(False), 3.5, np.int64(4))
+    reply = client_decode(data)
+    assert set(reply) == {"v", "id", "model", "outputs", "label", "score", "exit", "early",
+                          "latency_ms", "config_version"}
+    assert "error" not in reply
+    expect_types = {"v": int, "id": str, "model": str, "outputs": dict, "label": int,
+                    "score": float, "exit": int, "early": bool, "latency_ms": float,
+                    "config_version": int}
+    for key, typ in expect_types.items():
+        assert type(reply[key]) is typ, (key, type(reply[key]))
+    assert reply["v"] == 1 and reply["id"] == "r-9" and reply["model"] == "tiny"
+    assert (reply["label"], reply["score"], reply["exit"], reply["early"]) == (7, 0.125, -1, False)
+    assert reply["config_version"] == 4
+    out = reply["outputs"]["logits"]
+    assert out.dtype.str == "<f4" and out.shape == (10,)
+    np.testing.assert_array_equal(out, logits)
+    # Floats go out as float64 (0xcb); the same bytes decode with the package's codec.
+    assert b"\xa5score\xcb" in data and b"\xaalatency_ms\xcb" in data
+    assert set(decode_map(data)) == set(reply)
+    # Documented field names match.
+    assert table_fields(readme_section("Success reply")) == set(reply)
+
+
+def test_early_reply() -> None:
+    reply = client_decode(encode_reply("r", "tiny", {"logits": np.zeros((10,), np.float32)}, 3,
+                                       0.01, 2, True, 1.0, 5))
+    assert reply["exit"] == 2 and reply["early"] is True
+
+
+def test_tiny_reply_logits_bytes_as_documented() -> None:
+    data = encode_reply("r", "tiny", {"logits": np.zeros(10, np.float32)}, 0, 0.5, -1, False,
+                        1.0, 0)
+    # README: "93 a3 3c 66 34 91 0a c4 28" + 40 bytes, wrapped as "c7 31 01".
+    assert bytes.fromhex("c7 31 01 93 a3 3c 66 34 91 0a c4 28") + b"\x00" * 40 in data
+
+
+@pytest.mark.parametrize("code", errors.CODES)
+def test_error_reply(code: str) -> None:
+    extra = {"retry_after_ms": 12.5} if code == errors.OVERLOADED else {}
+    reply = client_decode(encode_error("r-1", code, "what went wrong", **extra))
+    assert set(reply) == {"v", "id", "error"}
+    assert reply["v"] == 1 and reply["id"] == "r-1"
+    err = reply["error"]
+    assert err["code"] == code and err["message"] == "what went wrong"
+    assert isinstance(err["code"], str) and isinstance(err["message"], str)
+    if code == errors.OVERLOADED:
+        assert type(err["retry_after_ms"]) is float and err["retry_after_ms"] == 12.5
+    else:
+        assert "retry_after_ms" not in err
+
+
+def test_error_reply_without_id() -> None:
+    data = encode_error(None, errors.BAD_REQUEST, "not msgpack")
+    assert client_decode(data) == {"v": 1, "id": None, "error": {"code": "bad_request",
+                                                                  "message": "not msgpack"}}
+    assert b"\xa2id\xc0" in data    # id is msgpack nil
+
+
+def test_every_error_code_is_documented() -> None:
+    section = readme_section("Error reply")
+    documented = set(re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.M))
+    assert documented == set(errors.CODES)
+
+
+# ---------------------------------------------------------------- model metadata
+
+def test_models_reply_shape() -> None:
+    # What Router.on_models builds: spec.describe() + ready, packed with the codec.
+    from services.router.model_specs import ModelSpec, TensorContract
+
+    spec = ModelSpec("tiny", (TensorContract("x", "<f4", (16,)),),
+                     (TensorContract("logits", "<f4", (10,)),), 10, 1.0)
+    data = pack({"v": 1, "models": [dict(spec.describe(), ready=True)]})
+    reply = client_decode(data)
+    model = reply["models"][0]
+    assert set(model) == {"name", "ready", "inputs", "outputs", "classes"}
+    assert model["inputs"] == [{"name": "x", "dtype": "<f4", "shape": [16]}]
+    assert model["outputs"] == [{"name": "logits", "dtype": "<f4", "shape": [10]}]
+    assert model["classes"] == 10 and model["ready"] is True
+    # The request the README tells a client to build from this metadata passes the router check.
+    x = model["inputs"][0]
+    req = decode_infer_request(decode_map(client_request(
+        "r", "tiny", {x["name"]: np.zeros(x["shape"], x["dtype"])})), "tiny")
+    spec.check_inputs(req.inputs)
+    with pytest.raises(ServingError) as info:     # a batch axis is refused
+        spec.check_inputs({"x": np.zeros((1, 16), "<f4")})
+    assert info.value.code == errors.BAD_REQUEST
+
+
+# ---------------------------------------------------------------- subjects and internals
+
+def test_every_subject_is_documented() -> None:
+    text = readme()
+    names = [subjects.MODELS, subjects.STATUS_ROUTER, subjects.STATUS_MONITOR, subjects.HEARTBEAT,
+             subjects.TELEMETRY_STREAM, subjects.TELEMETRY_ALL, subjects.ROUTER_QUEUE,
+             subjects.MONITOR_DURABLE, subjects.infer("<model>"), subjects.work("<worker_id>"),
+             subjects.stage("<model>", "<k>"),  # type: ignore[arg-type]
+             subjects.stage_queue("<model>", "<k>"),  # type: ignore[arg-type]
+             subjects.results("<router_id>"), subjects.exit_config("<model>"),
+             subjects.telemetry_samples("<model>"), subjects.telemetry_requests("<model>")]
+    missing = [n for n in names if f"`{n}`" not in text]
+    assert not missing, missing
+    assert subjects.INFER_ALL == "offramp.infer.*" and "`offramp.infer.*`" in text
+
+
+def test_batch_fields() -> None:
+    n = 3
+    batch = Batch("abc123def456", "tiny", 1, subjects.results("router-0000abcd"), ["a", "b", "c"],
+                  2, {"x": np.zeros((n, 32), np.float32)}, [0],
+                  np.zeros((1, n), np.int32), np.zeros((1, n), np.float32),
+                  np.array([-1, 0, -1], np.int32), [0.5])
+    msg = client_decode(batch.encode())
+    assert set(msg) - {"v"} == table_fields(readme_section("Batch"))
+    assert msg["router"] == "offramp.results.router-0000abcd"
+    assert msg["inputs"]["x"].shape == (n, 32)
+    assert msg["ramp_pred"].dtype.str == "<i4" and msg["exit_at"].dtype.str == "<i4"
+    # From the router: nil ramp records.
+    first = client_decode(Batch("b", "tiny", 0, "offramp.results.r", ["a"], 0,
+                                {"x": np.zeros((1, 16), np.float32)}).encode())
+    assert first["ramp_pred"] is None and first["exit_at"] is None and first["ramp_ids"] == []
+    assert Batch.decode(decode_map(batch.encode())).ids == ["a", "b", "c"]
+
+
+def test_results_fields() -> None:
+    res = Results("b", "tiny-s0-abcdef", 0, ["a"], np.array([3], np.int32),
+                  np.array([0.1], np.float32), np.array([1], np.int32),
+                  np.zeros((1, 10), np.float32), True, 2)
+    msg = client_decode(res.encode())
+    assert set(msg) - {"v"} == table_fields(readme_section("Results"))
+    assert msg["early"] is True and msg["release"] is False and msg["error"] is None
+    assert msg["logits"].shape == (1, 10)
+
+
+def test_exit_config_int_keys() -> None:
+    cfg = ExitConfig("tiny", 3, thresholds={0: 0.2, 2: 0.05}, active=[0, 2])
+    data = cfg.encode()
+    msg = client_decode(data)
+    assert set(msg) - {"v"} == table_fields(readme_section("ExitConfig"))
+    assert msg["thresholds"] == {0: 0.2, 2: 0.05}
+    assert all(type(k) is int for k in msg["thresholds"])
+    assert (msg["mode"], msg["score"], msg["active"], msg["version"]) == ("latency", "max_softmax",
+                                                                         [0, 2], 3)
+    assert ExitConfig.decode(decode_map(data)) == cfg
+
+
+def test_encode_map_carries_version() -> None:
+    msg = client_decode(encode_map(model="tiny", router="router-1", records=[]))
+    assert msg == {"v": 1, "model": "tiny", "router": "router-1", "records": []}

@@ -231,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--trivial-model", default="tiny")
     bench.add_argument("--requests", type=int, default=300)
     bench.add_argument("--duration", type=float, default=8.0, help="seconds of sustained load")
-    bench.add_argument("--concurrency", type=int, default=256)
+    bench.add_argument("--concurrency", type=int, default=64,
+                       help="requests in flight during the sustained phase")
     bench.set_defaults(fn=cmd_bench)
 
     db = sub.add_parser("db", help="store migrations")

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 
 import torch
 from torch import nn
 
-# Cut after these indices of ``_blocks`` (stage ends are 0, 2, 4, 7, 10, 14, 15):
-# two cheap early sites, two middle ones and a deep one. Each cut starts a new block.
+# Cut after these indices of ``_blocks`` (stage ends are 0, 2, 4, 7, 10, 14; 15 is the
+# last). Measured batch-1 ORT prefix cost is ~28, 39, 49, 68, 88% of the full model.
+# A site after _blocks[0] (~8%) was tried: its 16-channel pooled features gave 15-17%
+# agreement on unseen scenes, so it is left out. Each cut starts a new block.
 SITES = (2, 4, 7, 10, 14)
 IMAGE_SIZE = 224
 CLASSES = 1000
@@ -77,7 +80,7 @@ def segments(model: nn.Module, sites: tuple[int, ...] = SITES) -> list[nn.Module
     bounds = [0, *(s + 1 for s in sites), n]
     segs = [
         Segment(model, a, b, stem=(k == 0), head=(b == n))
-        for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
+        for k, (a, b) in enumerate(itertools.pairwise(bounds))
     ]
     return [s.eval() for s in segs]
 

@@ -30,7 +30,7 @@ from services.models.manifest import (
 )
 from services.models.zoo import ZOO, ModelSpec, get_spec, sample_inputs
 
-__all__ = ["BOOTSTRAP_SEED", "ZOO", "prepare", "sample_inputs", "load_if_intact"]
+__all__ = ["BOOTSTRAP_SEED", "ZOO", "load_if_intact", "prepare", "sample_inputs"]
 
 # Bootstrap data uses its own seed so evaluations with sample_inputs(seed=0, ...) run on
 # frames the ramps never saw.
@@ -106,9 +106,16 @@ def _build(
         blocks.append(BlockSpec(i, file, digest, in_names, list(out.shape[1:])))
         prev = (torch.zeros_like(out),)
     manifest = Manifest(
-        name=spec.name, version="", kind=spec.kind, inputs=list(spec.inputs),
-        outputs=list(spec.outputs), classes=spec.classes, blocks=blocks, ramps=[],
-        base_params=count_params(built.segments), full_ms=0.0,
+        name=spec.name,
+        version="",
+        kind=spec.kind,
+        inputs=list(spec.inputs),
+        outputs=list(spec.outputs),
+        classes=spec.classes,
+        blocks=blocks,
+        ramps=[],
+        base_params=count_params(built.segments),
+        full_ms=0.0,
     )
     log(f"exported {len(blocks)} blocks in {time.perf_counter() - t0:.1f} s")
 
@@ -123,18 +130,30 @@ def _build(
 
     t1 = time.perf_counter()
     sites = list(range(len(blocks) - 1))  # a ramp after every block but the last
-    feats = rp.collect_features(rt, sites, spec.bootstrap(n, BOOTSTRAP_SEED), n, spec.pool,
-                                progress)
+    feats = rp.collect_features(
+        rt, sites, spec.bootstrap(n, BOOTSTRAP_SEED), n, spec.pool, progress
+    )
     t2 = time.perf_counter()
-    fits = rp.train_ramps(feats, spec.classes, spec.pool, log=log)
+    fits = rp.train_ramps(feats, spec.classes, spec.pool, steps=spec.ramp_steps, log=log)
     t3 = time.perf_counter()
     ramps = []
     for k, fit in enumerate(fits):
         example = (torch.zeros(1, *blocks[fit.after_block].output_shape),)
         data = to_onnx(rp.head_module(fit), example, ["x"], ["logits"])
         file, digest = _write(folder, f"ramp_{k}", data)
-        ramps.append(RampSpec(k, fit.after_block, file, digest, fit.arch, fit.params,
-                              round(fit.agreement, 4), 0.0, built.sites[fit.after_block]))
+        ramps.append(
+            RampSpec(
+                k,
+                fit.after_block,
+                file,
+                digest,
+                fit.arch,
+                fit.params,
+                round(fit.agreement, 4),
+                0.0,
+                built.sites[fit.after_block],
+            )
+        )
     manifest.ramps = ramps
 
     # Batch-1 costs on this machine, measured through the same runtime workers use.
@@ -159,12 +178,22 @@ def _build(
     manifest.full_ms = _median_ms(full)
     manifest.version = manifest.compute_version()
     manifest.meta = {
-        "bootstrap_samples": n, "bootstrap_seed": BOOTSTRAP_SEED, "holdout_fraction": 0.2,
-        "distinct_labels": int(len(np.unique(feats.labels))),
+        "recipe": spec.fingerprint(n),
+        "bootstrap_samples": n,
+        "bootstrap_seed": BOOTSTRAP_SEED,
+        "agreement_estimate": "5-fold cross-validation by scene/group",
+        "distinct_labels": len(np.unique(feats.labels)),
+        "fold_agreement": [f.fold_agreement for f in fits],
         "train_agreement": [round(f.train_agreement, 4) for f in fits],
-        "export_max_abs_diff": diff, "providers": rt.providers, "threads": threads,
-        "seconds": {"export": round(t1 - t0, 2), "features": round(t2 - t1, 2),
-                    "train": round(t3 - t2, 2), "total": round(time.perf_counter() - t0, 2)},
+        "export_max_abs_diff": diff,
+        "providers": rt.providers,
+        "threads": threads,
+        "seconds": {
+            "export": round(t1 - t0, 2),
+            "features": round(t2 - t1, 2),
+            "train": round(t3 - t2, 2),
+            "total": round(time.perf_counter() - t0, 2),
+        },
     }
     manifest.save(folder)
     return manifest
@@ -207,21 +236,26 @@ def prepare(
     models_dir.mkdir(parents=True, exist_ok=True)
     target = models_dir / name
     with _locked(models_dir / f".{name}.lock"):
+        n = bootstrap_n or spec.bootstrap_n
+        recipe = spec.fingerprint(n)
         if not force and (m := load_if_intact(target, name)) is not None:
-            log(f"reusing {name} {m.version} at {target}")
-            return target
+            if m.meta.get("recipe") == recipe:
+                log(f"reusing {name} {m.version} at {target}")
+                return target
+            log(f"{name} at {target} was prepared by another recipe; rebuilding")
         # Holding the lock, any temp folder left is from an interrupted run.
         for stale in models_dir.glob(f".{name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=models_dir))
         tmp.chmod(0o755)  # mkdtemp makes it private; the model folder should not be
         try:
-            n = bootstrap_n or spec.bootstrap_n
             log(f"preparing {name} ({spec.description}) with {n} bootstrap samples")
             manifest = _build(spec, tmp, log, progress, n, device, threads)
             _install(tmp, target, manifest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    log(f"prepared {name} {manifest.version} at {target} in "
-        f"{manifest.meta['seconds']['total']:.1f} s")
+    log(
+        f"prepared {name} {manifest.version} at {target} in "
+        f"{manifest.meta['seconds']['total']:.1f} s"
+    )
     return target

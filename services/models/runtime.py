@@ -43,6 +43,9 @@ def session_options(threads: int = 0) -> ort.SessionOptions:
     if threads > 0:
         so.intra_op_num_threads = threads
     so.log_severity_level = 3  # errors only: keep service logs readable
+    # Idle intra-op threads otherwise spin-wait after each run, stealing the cores the
+    # router, NATS and the other stages need on a small machine.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
 
 
@@ -73,9 +76,7 @@ class StageRuntime:
         def load(file: str) -> ort.InferenceSession:
             return ort.InferenceSession(str(self.model_dir / file), so, providers=wanted)
 
-        self._blocks = {
-            b.index: load(b.file) for b in manifest.blocks[first_block:last_block]
-        }
+        self._blocks = {b.index: load(b.file) for b in manifest.blocks[first_block:last_block]}
         self.ramps = manifest.ramps_in(first_block, last_block)
         self._ramps = {r.index: load(r.file) for r in self.ramps}
         self._in_dtypes = {t.name: np.dtype(t.dtype) for t in manifest.inputs}

@@ -30,7 +30,7 @@ def sample_inputs(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {"x": np.random.default_rng(seed).standard_normal((n, IN_FEATURES), np.float32)}
 
 
-def build_model(steps: int = 300) -> nn.Sequential:
+def build_model(steps: int = 150) -> nn.Sequential:
     """The full model as a Sequential of its 4 blocks, deterministically fitted."""
     gen = torch.Generator().manual_seed(SEED)
     torch.manual_seed(SEED)  # nn.Linear init draws from the global generator

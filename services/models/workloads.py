@@ -17,9 +17,25 @@ import numpy as np
 
 # Photos that load offline (no pooch download); the ones that fail are skipped.
 PHOTOS = (
-    "astronaut", "camera", "coins", "chelsea", "coffee", "rocket", "horse",
-    "hubble_deep_field", "retina", "immunohistochemistry", "colorwheel", "brick",
-    "grass", "gravel", "moon", "page", "text", "clock", "logo",
+    "astronaut",
+    "camera",
+    "coins",
+    "chelsea",
+    "coffee",
+    "rocket",
+    "horse",
+    "hubble_deep_field",
+    "retina",
+    "immunohistochemistry",
+    "colorwheel",
+    "brick",
+    "grass",
+    "gravel",
+    "moon",
+    "page",
+    "text",
+    "clock",
+    "logo",
 )
 # EfficientNet-Lite was trained on (x - 127) / 128: mean 0.5, std 0.5 on [0, 1] pixels.
 MEAN = 0.5
@@ -49,11 +65,12 @@ def photos() -> tuple[tuple[str, np.ndarray], ...]:
     """(name, float32 H×W×3 in [0, 1] with short side _BASE) for every loadable photo."""
     from skimage import data, transform
 
-    out = []
+    out, skipped = [], []
     for name in PHOTOS:
         try:
             img = _to_rgb01(getattr(data, name)())
-        except Exception:  # noqa: BLE001 - a photo needing a download is just skipped
+        except Exception as exc:  # noqa: BLE001 - a photo needing a download is skipped
+            skipped.append(f"{name}: {type(exc).__name__}")
             continue
         h, w = img.shape[:2]
         k = _BASE / min(h, w)
@@ -61,7 +78,7 @@ def photos() -> tuple[tuple[str, np.ndarray], ...]:
         img = transform.resize(img, size, anti_aliasing=k < 1, preserve_range=True)
         out.append((name, img.astype(np.float32)))
     if not out:
-        raise RuntimeError("no scikit-image photo could be loaded")
+        raise RuntimeError(f"no scikit-image photo could be loaded ({'; '.join(skipped)})")
     return tuple(out)
 
 
@@ -84,14 +101,16 @@ def plan(n: int, seed: int = 0, min_scene: int = 16, max_scene: int = 120) -> Fr
     cols: dict[str, list[np.ndarray]] = {k: [] for k in FramePlan.__dataclass_fields__}
     done, scene, last_photo = 0, 0, -1
     while done < n:
-        length = int(min(rng.integers(min_scene, max_scene + 1), n - done))
+        # Draw whole scenes and cut the stream afterwards, so any prefix of a longer
+        # stream equals the shorter stream.
+        length = int(rng.integers(min_scene, max_scene + 1))
         photo = int(rng.integers(n_photos))
         if photo == last_photo:  # a cut should change what is seen
             photo = (photo + 1) % n_photos
         last_photo = photo
         t = np.linspace(0.0, 1.0, length, dtype=np.float64)
 
-        def drift(lo: float, hi: float, step: float) -> np.ndarray:
+        def drift(lo: float, hi: float, step: float, t: np.ndarray = t) -> np.ndarray:
             a = rng.uniform(lo, hi)
             b = np.clip(a + rng.uniform(-step, step), lo, hi)
             return a + (b - a) * t
@@ -105,7 +124,7 @@ def plan(n: int, seed: int = 0, min_scene: int = 16, max_scene: int = 120) -> Fr
         cols["flip"].append(np.full(length, rng.random() < 0.5))
         done += length
         scene += 1
-    return FramePlan(**{k: np.concatenate(v) for k, v in cols.items()})
+    return FramePlan(**{k: np.concatenate(v)[:n] for k, v in cols.items()})
 
 
 def _render(img: np.ndarray, cy: float, cx: float, zoom: float, size: int) -> np.ndarray:

@@ -12,6 +12,9 @@ import numpy as np
 
 from services.models.manifest import TensorSpec
 
+RECIPE_VERSION = "2"  # bump when preparation changes in a way that alters artifacts
+EFFNET_SITES = (2, 4, 7, 10, 14)  # see services/models/efficientnet.py
+
 # (inputs by name, group ids): groups keep held-out data honest (e.g. unseen scenes).
 Batches = Iterator[tuple[dict[str, np.ndarray], np.ndarray]]
 
@@ -37,6 +40,11 @@ class ModelSpec:
     bootstrap: Callable[[int, int], Batches]  # (n, seed) -> chunks
     bootstrap_n: int
     pool: str = "gap"
+    ramp_steps: int = 300  # full-batch optimiser steps per ramp fit
+    recipe: str = ""  # what shapes the artifacts; a change invalidates prepared copies
+
+    def fingerprint(self, bootstrap_n: int) -> str:
+        return f"{RECIPE_VERSION}|{self.recipe}|n={bootstrap_n}|steps={self.ramp_steps}"
 
 
 # --- efficientnet-lite0 ---------------------------------------------------------------
@@ -49,7 +57,12 @@ def _effnet_build() -> Built:
 
     model = eff.load_model()
     shape = (1, 3, eff.IMAGE_SIZE, eff.IMAGE_SIZE)
-    return Built(model, eff.segments(model), eff.site_names(), {"image": torch.zeros(shape)})
+    return Built(
+        model,
+        eff.segments(model, EFFNET_SITES),
+        eff.site_names(EFFNET_SITES),
+        {"image": torch.zeros(shape)},
+    )
 
 
 def _effnet_sample(n: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -103,7 +116,8 @@ ZOO: dict[str, ModelSpec] = {
         build=_effnet_build,
         sample_inputs=_effnet_sample,
         bootstrap=_effnet_bootstrap,
-        bootstrap_n=3000,
+        bootstrap_n=4000,
+        recipe=f"sites={EFFNET_SITES};gap_fc;video-frames",
     ),
     "tiny": ModelSpec(
         name="tiny",
@@ -116,6 +130,8 @@ ZOO: dict[str, ModelSpec] = {
         sample_inputs=_tiny_sample,
         bootstrap=_tiny_bootstrap,
         bootstrap_n=2000,
+        ramp_steps=150,
+        recipe="mlp16-32x3-10;fc",
     ),
 }
 

@@ -1,0 +1,90 @@
+"""prepare(): layout, idempotence, recovery and errors (tiny)."""
+
+import os
+
+import numpy as np
+import pytest
+
+from services.models.manifest import Manifest
+from services.models.prepare import prepare, sample_inputs
+
+
+def quiet(_msg: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    prepare("tiny", d, log=quiet, progress=quiet)
+    return d
+
+
+def test_layout_follows_manifest(tiny_models):
+    d = tiny_models / "tiny"
+    m = Manifest.load(d)
+    assert m.name == "tiny" and m.kind == "classifier" and m.classes == 10
+    assert m.inputs[0].name == "x" and m.inputs[0].shape == [16]
+    assert m.num_blocks == 4 and [r.after_block for r in m.ramps] == [0, 1, 2]
+    assert m.blocks[0].input_names == ["x"]
+    assert all(b.input_names == ["x"] for b in m.blocks[1:])
+    assert m.blocks[-1].output_shape == [10]
+    for b in m.blocks:
+        assert b.file == f"block_{b.index}.{b.sha256[:12]}.onnx"
+    for r in m.ramps:
+        assert r.file == f"ramp_{r.index}.{r.sha256[:12]}.onnx"
+        assert r.params == 32 * 10 + 10 and 0.5 < r.agreement <= 1.0 and r.cost_ms > 0
+    assert m.full_ms > 0 and m.base_params > 0
+    assert m.verify(d) == []
+    assert not list(tiny_models.glob(".tiny.tmp-*"))  # temp folder is gone
+
+
+def test_second_call_reuses(tiny_models):
+    d = tiny_models / "tiny"
+    before = Manifest.load(d).version
+    mtimes = {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+    logs: list[str] = []
+    assert prepare("tiny", tiny_models, log=logs.append, progress=quiet) == d
+    assert any(line.startswith("reusing tiny") and before in line for line in logs)
+    assert Manifest.load(d).version == before
+    assert {p.name: p.stat().st_mtime_ns for p in d.iterdir()} == mtimes
+
+
+def test_damaged_copy_and_leftovers_are_rebuilt(tmp_path):
+    d = prepare("tiny", tmp_path, log=quiet, progress=quiet)
+    m = Manifest.load(d)
+    (d / m.ramps[0].file).write_bytes(b"broken")
+    stale = tmp_path / ".tiny.tmp-interrupted"
+    stale.mkdir()
+    logs: list[str] = []
+    prepare("tiny", tmp_path, log=logs.append, progress=quiet)
+    assert not any(line.startswith("reusing") for line in logs)
+    again = Manifest.load(d)
+    assert again.verify(d) == []
+    assert not stale.exists()
+    # Only files the manifest names remain.
+    on_disk = {p.name for p in d.iterdir()} - {"manifest.json"}
+    assert on_disk == {f for f, _ in again.artifacts()}
+
+
+def test_force_rebuilds(tmp_path):
+    prepare("tiny", tmp_path, log=quiet, progress=quiet)
+    logs: list[str] = []
+    prepare("tiny", tmp_path, force=True, log=logs.append, progress=quiet)
+    assert any(line.startswith("prepared tiny") for line in logs)
+
+
+def test_unknown_model(tmp_path):
+    with pytest.raises(ValueError, match="efficientnet-lite0, tiny"):
+        prepare("resnet-9000", tmp_path, log=quiet)
+    with pytest.raises(ValueError):
+        sample_inputs("resnet-9000", 1)
+    assert not os.listdir(tmp_path)
+
+
+def test_sample_inputs():
+    x = sample_inputs("tiny", 5, seed=2)
+    assert x["x"].shape == (5, 16) and x["x"].dtype == np.float32
+    assert np.array_equal(x["x"], sample_inputs("tiny", 5, seed=2)["x"])
+    img = sample_inputs("efficientnet-lite0", 2, seed=0)["image"]
+    assert img.shape == (2, 3, 224, 224) and img.dtype == np.float32

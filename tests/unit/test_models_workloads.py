@@ -1,0 +1,40 @@
+"""Video-like frame streams: deterministic, chunk-independent, scene structured."""
+
+import numpy as np
+
+from services.models.workloads import iter_video_frames, photos, plan, video_frames
+
+
+def test_deterministic_from_seed():
+    a, sa = video_frames(40, seed=3, size=64, return_scenes=True)
+    b, sb = video_frames(40, seed=3, size=64, return_scenes=True)
+    assert a.shape == (40, 3, 64, 64) and a.dtype == np.float32
+    assert np.array_equal(a, b) and np.array_equal(sa, sb)
+    c = video_frames(40, seed=4, size=64)
+    assert not np.array_equal(a, c)
+
+
+def test_chunking_does_not_change_frames():
+    whole = video_frames(30, seed=1, size=32)
+    parts = np.concatenate([f for f, _ in iter_video_frames(30, seed=1, size=32, chunk=7)])
+    assert np.array_equal(whole, parts)
+    # A prefix of a longer stream is the shorter stream.
+    assert np.array_equal(video_frames(10, seed=1, size=32), whole[:10])
+
+
+def test_range_and_scene_structure():
+    x, scenes = video_frames(300, seed=0, size=48, return_scenes=True)
+    assert x.min() >= -1.0 and x.max() <= 1.0  # (p - 0.5) / 0.5 for p in [0, 1]
+    assert (np.diff(scenes) >= 0).all() and scenes[0] == 0
+    assert len(np.unique(scenes)) >= 3  # scenes last 16..120 frames
+    # Inside a scene consecutive frames are close; a cut is a big jump.
+    step = np.abs(np.diff(x, axis=0)).mean(axis=(1, 2, 3))
+    same = scenes[1:] == scenes[:-1]
+    assert np.median(step[same]) < 0.5 * np.median(step[~same])
+
+
+def test_plan_uses_several_photos():
+    p = plan(2000, seed=0)
+    assert len(photos()) >= 10
+    assert len(np.unique(p.photo)) >= 8
+    assert ((p.zoom > 0.5) & (p.zoom <= 1.0)).all()

@@ -49,26 +49,38 @@ def _inprocess(cfg, model: str):
     return run
 
 
-async def _measure(cfg, url: str, args: argparse.Namespace) -> dict:
+async def _light_load(nc, cfg, model: str, requests: int) -> dict:
+    """Alternate in-process and pipeline runs of the same inputs, one at a time."""
     from services.models.zoo import sample_inputs
 
-    run_local = _inprocess(cfg, args.model)
-    batch = sample_inputs(args.model, min(args.requests, 64), seed=3)
+    run_local = _inprocess(cfg, model)
+    batch = sample_inputs(model, min(requests, 64), seed=3)
     samples = [{k: v[i] for k, v in batch.items()} for i in range(len(next(iter(batch.values()))))]
-    nc = await bus.connect(url, "offramp-bench")
     for s in samples[:10]:  # warm both paths
         run_local(s)
-        await infer(nc, args.model, s, timeout=10)
+        await infer(nc, model, s, timeout=10)
     local, piped = [], []
-    for i in range(args.requests):
+    for i in range(requests):
         s = samples[i % len(samples)]
         local.append(run_local(s))
         t0 = time.perf_counter()
-        await infer(nc, args.model, s, timeout=10)
+        await infer(nc, model, s, timeout=10)
         piped.append((time.perf_counter() - t0) * 1e3)
-        if (i + 1) % max(1, args.requests // 10) == 0:
-            print(f"light load {i + 1}/{args.requests}", file=sys.stderr, flush=True)
+        if (i + 1) % max(1, requests // 5) == 0:
+            print(f"light load {model} {i + 1}/{requests}", file=sys.stderr, flush=True)
+    inp50, pip50 = percentile(local, 50), percentile(piped, 50)
+    input_bytes = sum(v.nbytes for v in samples[0].values())
+    return {"model": model, "input_bytes": input_bytes, "inprocess_p50_ms": inp50,
+            "inprocess_p99_ms": percentile(local, 99), "pipeline_p50_ms": pip50,
+            "pipeline_p99_ms": percentile(piped, 99), "overhead_p50_ms": pip50 - inp50}
 
+
+async def _measure(cfg, url: str, args: argparse.Namespace) -> dict:
+    from services.models.zoo import sample_inputs
+
+    nc = await bus.connect(url, "offramp-bench")
+    light = {m: await _light_load(nc, cfg, m, args.requests)
+             for m in dict.fromkeys([args.model, args.trivial_model])}
     tiny = sample_inputs(args.trivial_model, 256, seed=4)
     tiny_inputs = [{k: v[i] for k, v in tiny.items()} for i in range(256)]
     await drive(nc, args.trivial_model, tiny_inputs, args.concurrency, duration_s=1.0)  # warm-up
@@ -80,12 +92,13 @@ async def _measure(cfg, url: str, args: argparse.Namespace) -> dict:
     wall = time.perf_counter() - t0
     await nc.close()
     ok = [o.latency_ms for o in outs if o.ok]
-    inp50, pip50 = percentile(local, 50), percentile(piped, 50)
+    main = light[args.model]
     return {
         "mode": "live", "model": args.model, "trivial_model": args.trivial_model,
-        "requests": args.requests, "inprocess_p50_ms": inp50, "inprocess_p99_ms": percentile(local, 99),
-        "pipeline_p50_ms": pip50, "pipeline_p99_ms": percentile(piped, 99),
-        "overhead_p50_ms": pip50 - inp50,
+        "requests": args.requests,
+        **{k: main[k] for k in ("inprocess_p50_ms", "inprocess_p99_ms", "pipeline_p50_ms",
+                                "pipeline_p99_ms", "overhead_p50_ms")},
+        "light_load": light,
         "sustained_rps": len(ok) / wall, "sustained_p50_ms": percentile(ok, 50),
         "sustained_p99_ms": percentile(ok, 99), "sustained_errors": len(outs) - len(ok),
         "sustained_concurrency": args.concurrency, "sustained_duration_s": wall,
@@ -95,7 +108,7 @@ async def _measure(cfg, url: str, args: argparse.Namespace) -> dict:
 
 
 def run_overhead(args: argparse.Namespace) -> int:
-    os.environ["OFFRAMP_MODELS"] = f"{args.model},{args.trivial_model}"
+    os.environ["OFFRAMP_MODELS"] = ",".join(dict.fromkeys([args.model, args.trivial_model]))
     cfg = config_mod.load()
     prepare_state(cfg, say=lambda m: print(m, file=sys.stderr))
     sup = Supervisor(cfg, Deployment(cfg.models), log_dir=cfg.home / "logs")
@@ -107,14 +120,14 @@ def run_overhead(args: argparse.Namespace) -> int:
         sup.stop()
     with open(args.json, "w") as f:
         json.dump(result, f, indent=2)
-    rows = [("in-process p50 / p99", f"{result['inprocess_p50_ms']:.2f} / {result['inprocess_p99_ms']:.2f} ms"),
-            ("pipeline p50 / p99", f"{result['pipeline_p50_ms']:.2f} / {result['pipeline_p99_ms']:.2f} ms"),
-            ("added p50 overhead", f"{result['overhead_p50_ms']:.2f} ms"),
-            (f"sustained ({args.trivial_model}, {args.concurrency} in flight)",
-             f"{result['sustained_rps']:.0f} req/s, p99 {result['sustained_p99_ms']:.1f} ms, "
-             f"errors {result['sustained_errors']}")]
-    print(f"\nofframp bench overhead (live, {args.model}; {os.cpu_count()} cores)")
-    for k, v in rows:
-        print(f"  {k:<40} {v}")
+    print(f"\nofframp bench overhead (live; {os.cpu_count()} cores)")
+    print(f"  {'model':<20} {'input':>9} {'in-process p50/p99':>20} {'pipeline p50/p99':>18} "
+          f"{'added p50':>10}")
+    for m, r in result["light_load"].items():
+        print(f"  {m:<20} {r['input_bytes']:>8}B {r['inprocess_p50_ms']:>9.2f} /{r['inprocess_p99_ms']:>7.2f} ms "
+              f"{r['pipeline_p50_ms']:>7.2f} /{r['pipeline_p99_ms']:>6.2f} ms {r['overhead_p50_ms']:>7.2f} ms")
+    print(f"  sustained ({args.trivial_model}, router + 1 worker, {args.concurrency} in flight): "
+          f"{result['sustained_rps']:.0f} req/s, p50 {result['sustained_p50_ms']:.1f} ms, "
+          f"p99 {result['sustained_p99_ms']:.1f} ms, errors {result['sustained_errors']}")
     print(f"  JSON written to {args.json}")
     return 0

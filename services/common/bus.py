@@ -6,12 +6,18 @@ import asyncio
 import logging
 
 import nats
+import nats.aio.client as nats_client_module
 from nats.aio.client import Client
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
 from schemas import subjects
 
 log = logging.getLogger("offramp.bus")
+
+# nats-py reads the socket 32 KiB at a time; an image request or a batch of activations
+# (0.5-8 MB) then costs dozens of event-loop round trips per message. The read loop looks
+# this module global up on every read, so a larger value takes effect for every client.
+nats_client_module.DEFAULT_BUFFER_SIZE = max(nats_client_module.DEFAULT_BUFFER_SIZE, 1 << 20)
 
 # Telemetry kept for replay and monitor restarts: bounded so a stopped monitor cannot
 # fill the disk; a running monitor acks well within these limits.

@@ -31,6 +31,9 @@ from services.worker.exits import initial_config, ramp_outcome
 from services.worker.stage_exec import execute
 
 STORE_HEARTBEAT_S = 2.0
+# A batch expected to compute faster than this runs on the event loop itself: a thread
+# hop costs more than the work (trivial models), and heartbeats wait at most this long.
+INLINE_COMPUTE_MS = 2.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,10 @@ class Worker:
         self.loop = asyncio.get_running_loop()
         self.tasks: set[asyncio.Task] = set()
         self.busy = False
+        self.inline = False
         self.batches = 0
+        self.stage_ms = sum(b.cost_ms for b in manifest.blocks[plan.first_block:plan.last_block]) + \
+            sum(r.cost_ms for r in self.ramps)
         self.started = datetime.now(timezone.utc).replace(tzinfo=None)
 
     # ------------------------------------------------------------------ messages
@@ -95,7 +101,10 @@ class Worker:
 
     def _publish_threadsafe(self, subject: str, data: bytes) -> None:
         # One outbox keeps publishes in order: an early result always precedes its final.
-        self.loop.call_soon_threadsafe(self.outbox.put_nowait, (subject, data))
+        if self.inline:
+            self.outbox.put_nowait((subject, data))
+        else:
+            self.loop.call_soon_threadsafe(self.outbox.put_nowait, (subject, data))
 
     async def publish_loop(self) -> None:
         while True:
@@ -114,8 +123,12 @@ class Worker:
                 self.config, self.next_config = self.next_config, None
                 self.log.info("exit config applied %s", logs.kv(version=self.config.version))
             self.busy = True
+            self.inline = self.stage_ms * len(batch.ids) < INLINE_COMPUTE_MS
             try:
-                await self.loop.run_in_executor(None, self.compute, batch, self.config)
+                if self.inline:
+                    self.compute(batch, self.config)
+                else:
+                    await self.loop.run_in_executor(None, self.compute, batch, self.config)
             except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving
                 self.log.exception("batch failed batch=%s", batch.batch_id)
                 await self.nc.publish(batch.router, Results(

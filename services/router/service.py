@@ -117,12 +117,16 @@ class Router:
                                exc: ServingError, start: float) -> None:
         if reply:
             await self.nc.publish(reply, encode_error(rid, exc.code, exc.message, **exc.extra))
-        state = self.models.get(model)
-        if state is not None:
-            state.failed += 1
-            state.records.append({"id": rid, "t": time.time(), "latency_ms": (time.monotonic() - start) * 1e3,
-                                  "status": exc.code, "exit": None, "early": None, "label": None,
-                                  "config_version": None})
+        if model in self.models:
+            self._record_error(model, rid, time.time(), start, exc.code)
+
+    def _record_error(self, model: str, rid: str | None, received_wall: float, start: float,
+                      code: str) -> None:
+        state = self.models[model]
+        state.failed += 1
+        state.records.append({"id": rid, "t": received_wall,
+                              "latency_ms": (time.monotonic() - start) * 1e3, "status": code,
+                              "exit": None, "early": None, "label": None, "config_version": None})
 
     # ------------------------------------------------------------------ replies
 
@@ -132,11 +136,7 @@ class Router:
         entry.replied = True
         self.pending.pop(entry.id, None)
         await self.nc.publish(entry.reply, encode_error(entry.id, code, message, **extra))
-        state = self.models[entry.model]
-        state.failed += 1
-        state.records.append({"id": entry.id, "t": entry.received_wall,
-                              "latency_ms": (time.monotonic() - entry.arrival) * 1e3, "status": code,
-                              "exit": None, "early": None, "label": None, "config_version": None})
+        self._record_error(entry.model, entry.id, entry.received_wall, entry.arrival, code)
 
     async def on_results(self, msg: Msg) -> None:
         try:

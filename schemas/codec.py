@@ -7,6 +7,9 @@ bytes. No pickle, ever: decoding only builds numpy arrays of plain numeric dtype
 
 from __future__ import annotations
 
+import math
+import threading
+from functools import lru_cache
 from typing import Any
 
 import msgpack
@@ -25,26 +28,33 @@ class CodecError(ValueError):
 
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
-        # tobytes() is C order whatever the layout; ascontiguousarray would turn 0-d into 1-d.
-        payload = msgpack.packb([obj.dtype.str, list(obj.shape), obj.tobytes(order="C")],
-                                use_bin_type=True)
+        # A C-contiguous array is packed from its buffer (no tobytes copy); anything else
+        # goes through tobytes(), which is C order whatever the layout. reshape(-1) keeps
+        # 0-d arrays packable while the shape field preserves their 0-d shape.
+        data = obj.reshape(-1).data if obj.flags.c_contiguous else obj.tobytes(order="C")
+        payload = _packers.inner.pack([obj.dtype.str, list(obj.shape), data])
         return msgpack.ExtType(TENSOR_EXT, payload)
     if isinstance(obj, np.generic):
         return obj.item()
     raise TypeError(f"cannot encode {type(obj).__name__}")
 
 
+@lru_cache(maxsize=64)
+def _dtype(name: str) -> np.dtype:
+    return np.dtype(name)
+
+
 def decode_tensor(payload: bytes) -> np.ndarray:
     try:
         dtype_s, shape, data = msgpack.unpackb(payload, raw=False)
-        dtype = np.dtype(dtype_s)
+        dtype = _dtype(dtype_s)
     except Exception as exc:  # noqa: BLE001 - any failure here is a malformed tensor
         raise CodecError(f"malformed tensor: {exc}") from None
     if dtype.kind not in ALLOWED_KINDS:
         raise CodecError(f"tensor dtype {dtype_s!r} is not a plain numeric type")
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise CodecError(f"tensor shape must be a list of non-negative ints, got {shape!r}")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = math.prod(shape)
     if not isinstance(data, bytes) or len(data) != count * dtype.itemsize:
         size = len(data) if isinstance(data, bytes) else type(data).__name__
         raise CodecError(
@@ -60,8 +70,19 @@ def _ext_hook(code: int, data: bytes) -> Any:
     raise CodecError(f"unknown msgpack extension type {code}")
 
 
+class _Packers(threading.local):
+    # msgpack.packb builds a Packer per call, which costs more than packing a small
+    # message; reusable packers are per thread because workers encode in threads.
+    def __init__(self) -> None:
+        self.outer = msgpack.Packer(default=_default, use_bin_type=True)
+        self.inner = msgpack.Packer(use_bin_type=True)
+
+
+_packers = _Packers()
+
+
 def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, default=_default, use_bin_type=True)
+    return _packers.outer.pack(obj)
 
 
 def unpack(data: bytes) -> Any:

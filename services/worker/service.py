@@ -14,7 +14,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 from nats.aio.client import Client
@@ -75,10 +75,11 @@ class Worker:
         self.tasks: set[asyncio.Task] = set()
         self.busy = False
         self.inline = False
+        self.inline_out: list[tuple[str, bytes]] = []
         self.batches = 0
         self.stage_ms = sum(b.cost_ms for b in manifest.blocks[plan.first_block:plan.last_block]) + \
             sum(r.cost_ms for r in self.ramps)
-        self.started = datetime.now(timezone.utc).replace(tzinfo=None)
+        self.started = datetime.now(UTC).replace(tzinfo=None)
 
     # ------------------------------------------------------------------ messages
 
@@ -88,7 +89,10 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - malformed: nothing to answer, say so loudly
             self.log.error("dropping malformed batch: %r", exc)
             return
-        self.queue.put_nowait(batch)
+        if self.queue.empty() and not self.busy and self._is_inline(batch):
+            await self.process(batch)  # idle and trivial: no hand-off to the run task
+        else:
+            self.queue.put_nowait(batch)
 
     async def on_config(self, msg: Msg) -> None:
         try:
@@ -101,44 +105,58 @@ class Worker:
 
     def _publish_threadsafe(self, subject: str, data: bytes) -> None:
         # One outbox keeps publishes in order: an early result always precedes its final.
+        # An inline batch collects its messages and publishes them itself, in order.
         if self.inline:
-            self.outbox.put_nowait((subject, data))
+            self.inline_out.append((subject, data))
         else:
             self.loop.call_soon_threadsafe(self.outbox.put_nowait, (subject, data))
 
     async def publish_loop(self) -> None:
         while True:
-            subject, data = await self.outbox.get()
-            try:
-                await self.nc.publish(subject, data)
-            except Exception as exc:  # noqa: BLE001 - e.g. oversize activations: say which
-                self.log.error("publish failed subject=%s bytes=%d error=%r", subject, len(data), exc)
+            await self._publish(*await self.outbox.get())
+
+    async def _publish(self, subject: str, data: bytes) -> None:
+        try:
+            await self.nc.publish(subject, data)
+        except Exception as exc:  # noqa: BLE001 - e.g. oversize activations: say which
+            self.log.error("publish failed subject=%s bytes=%d error=%r", subject, len(data), exc)
 
     # ------------------------------------------------------------------ compute
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            batch = await self.queue.get()
-            if self.next_config is not None:
-                self.config, self.next_config = self.next_config, None
-                self.log.info("exit config applied %s", logs.kv(version=self.config.version))
-            self.busy = True
-            self.inline = self.stage_ms * len(batch.ids) < INLINE_COMPUTE_MS
-            try:
-                if self.inline:
+            await self.process(await self.queue.get())
+
+    def _is_inline(self, batch: Batch) -> bool:
+        return self.stage_ms * len(batch.ids) < INLINE_COMPUTE_MS
+
+    async def process(self, batch: Batch) -> None:
+        if self.next_config is not None:
+            self.config, self.next_config = self.next_config, None
+            self.log.info("exit config applied %s", logs.kv(version=self.config.version))
+        self.busy = True
+        self.inline = self._is_inline(batch)
+        try:
+            if self.inline:
+                self.inline_out = []
+                try:
                     self.compute(batch, self.config)
-                else:
-                    await self.loop.run_in_executor(None, self.compute, batch, self.config)
-            except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving
-                self.log.exception("batch failed batch=%s", batch.batch_id)
-                await self.nc.publish(batch.router, Results(
-                    batch.batch_id, self.id, self.plan.stage, batch.ids, np.zeros(0), np.zeros(0),
-                    np.zeros(0), None, False, self.config.version, release=self.plan.stage == 0,
-                    error={"code": "payload_too_large" if "max_payload" in str(exc) else "internal",
-                           "message": repr(exc)}).encode())
-            finally:
-                self.busy = False
-                self.batches += 1
+                finally:
+                    out, self.inline_out = self.inline_out, []
+                    for subject, data in out:
+                        await self._publish(subject, data)
+            else:
+                await self.loop.run_in_executor(None, self.compute, batch, self.config)
+        except Exception as exc:
+            self.log.exception("batch failed batch=%s", batch.batch_id)
+            await self._publish(batch.router, Results(
+                batch.batch_id, self.id, self.plan.stage, batch.ids, np.zeros(0), np.zeros(0),
+                np.zeros(0), None, False, self.config.version, release=self.plan.stage == 0,
+                error={"code": "payload_too_large" if "max_payload" in str(exc) else "internal",
+                       "message": repr(exc)}).encode())
+        finally:
+            self.busy = False
+            self.batches += 1
 
     def compute(self, batch: Batch, config: ExitConfig) -> None:
         """Run this stage on one batch (called in a worker thread) and publish what it yields."""
@@ -211,13 +229,13 @@ class Worker:
                 spawn(asyncio.to_thread(self._store_heartbeat, host, pid, "up"), self.tasks, self.log)
             try:
                 await asyncio.wait_for(stop.wait(), self.cfg.heartbeat_ms / 1000.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _store_heartbeat(self, host: str, pid: int, status: str) -> None:
         self.store.upsert_worker(self.id, self.plan.model, self.plan.stage, self.plan.first_block,
                                  self.plan.last_block, host, pid, status,
-                                 datetime.now(timezone.utc).replace(tzinfo=None))
+                                 datetime.now(UTC).replace(tzinfo=None))
 
 
 async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: list[int]) -> None:

@@ -129,6 +129,7 @@ class Batch:
     ramp_score: np.ndarray | None = None
     exit_at: np.ndarray | None = None
     stage_ms: list[float] = field(default_factory=list)
+    carry: dict[str, np.ndarray] = field(default_factory=dict)  # model inputs later blocks read
 
     def encode(self) -> bytes:
         return pack({"v": SCHEMA_VERSION, "batch_id": self.batch_id, "model": self.model,
@@ -136,7 +137,7 @@ class Batch:
                      "config_version": self.config_version, "inputs": self.inputs,
                      "ramp_ids": self.ramp_ids, "ramp_pred": self.ramp_pred,
                      "ramp_score": self.ramp_score, "exit_at": self.exit_at,
-                     "stage_ms": self.stage_ms})
+                     "stage_ms": self.stage_ms, "carry": self.carry})
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> Batch:
@@ -146,7 +147,8 @@ class Batch:
                        config_version=int(msg["config_version"]), inputs=dict(msg["inputs"]),
                        ramp_ids=list(msg.get("ramp_ids") or []), ramp_pred=msg.get("ramp_pred"),
                        ramp_score=msg.get("ramp_score"), exit_at=msg.get("exit_at"),
-                       stage_ms=list(msg.get("stage_ms") or []))
+                       stage_ms=list(msg.get("stage_ms") or []),
+                       carry=dict(msg.get("carry") or {}))
         except (KeyError, TypeError, ValueError) as exc:
             raise _bad(f"malformed batch: {exc!r}") from None
 

@@ -85,17 +85,56 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from services.models.prepare import prepare
+    import json
+
+    from services.common.supervisor import register_prepared
+    from services.models.manifest import Manifest
+    from services.models.prepare import SiteChoice, prepare, sites_json
+    from services.store.migrate import upgrade
+    from services.store.repository import Store
 
     cfg = config_mod.load()
+    choice = SiteChoice(tuple(s.strip() for s in (args.sites or "").split(",") if s.strip()),
+                        args.max_ramps)
+    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     try:
         path = prepare(args.model, Path(args.models_dir) if args.models_dir else cfg.models_dir,
-                       force=args.force, log=lambda m: print(m, file=sys.stderr))
-    except ValueError as exc:
+                       force=args.force, log=say, progress=say,
+                       data=Path(args.data) if args.data else None, name=args.name,
+                       bootstrap_n=args.bootstrap_n, device=cfg.device, threads=cfg.ort_threads,
+                       choice=choice)
+    except ValueError as exc:  # SourceError and unknown zoo names
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    manifest = Manifest.load(path)
+    report = sites_json(manifest)
+    if not args.quiet:
+        print(_ramp_table(manifest, report), file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if not args.no_store:
+        cfg.home.mkdir(parents=True, exist_ok=True)
+        upgrade(cfg.database_url)
+        store = Store(cfg.database_url)
+        try:
+            register_prepared(store, path)
+        finally:
+            store.close()
     print(path)
     return 0
+
+
+def _ramp_table(manifest, report: dict) -> str:
+    lines = [(f"{manifest.name}: {len(report['sites'])} feasible ramp sites, "
+              f"{len(manifest.ramps)} ramps; full model {manifest.full_ms:.3f} ms at batch 1, "
+              f"{manifest.base_params:,} params"),
+             (f"  {'ramp':>4} {'site':>4}  {'tensor':<44} {'agreement':>9} {'cost ms':>8} "
+              f"{'cost %':>7} {'params %':>8}")]
+    for r in report["ramps"]:
+        lines.append(f"  {r['ramp']:>4} {r['site']:>4}  {r['tensor'][-44:]:<44} "
+                     f"{r['agreement']:>9.3f} {r['cost_ms']:>8.4f} "
+                     f"{100 * (r['cost_share'] or 0):>6.2f}% {100 * (r['params_share'] or 0):>7.2f}%")
+    return "\n".join(lines)
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
@@ -197,10 +236,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cuts", default="", help="comma list of block indices where stages split")
     serve.set_defaults(fn=cmd_serve)
 
-    prep = sub.add_parser("prepare", help="turn a zoo model into an early-exit model")
-    prep.add_argument("model")
-    prep.add_argument("--force", action="store_true")
+    prep = sub.add_parser("prepare", help="turn a zoo model, an ONNX file or a torch model into "
+                          "an early-exit model (ramp sites, ramp training, block export)")
+    prep.add_argument("model", help="zoo name, or a path: model.onnx, a TorchScript / pickled "
+                      "torch module file, or a Hugging Face model folder")
+    prep.add_argument("--data", help="bootstrap inputs: .npz with one array per input name "
+                      "(first axis = samples), or .npy for a single input")
+    prep.add_argument("--name", help="name to serve a user's model under (default: file stem)")
+    prep.add_argument("--json", help="write the sites found and the trained ramps to this file")
+    prep.add_argument("--sites", help="restrict ramps to these feasible sites: comma list of "
+                      "tensor names or site ordinals")
+    prep.add_argument("--max-ramps", type=int, default=0,
+                      help="most ramps to train (evenly spaced over the sites); default per model")
+    prep.add_argument("--bootstrap-n", type=int, help="bootstrap samples (default per model)")
+    prep.add_argument("--force", action="store_true", help="rebuild even if an intact copy exists")
     prep.add_argument("--models-dir")
+    prep.add_argument("--no-store", action="store_true", help="do not record it in the store")
+    prep.add_argument("--quiet", action="store_true")
     prep.set_defaults(fn=cmd_prepare)
 
     inf = sub.add_parser("infer", help="send one request (a real client of the wire contract)")

@@ -31,13 +31,13 @@ from services.common.supervisor import Deployment, Supervisor, prepare_state
 def _inprocess(cfg, model: str):
     from services.models.manifest import Manifest
     from services.models.runtime import StageRuntime
-    from services.worker.exits import initial_config
+    from services.worker.exits import initial_config, initial_ramps
     from services.worker.stage_exec import execute
 
     manifest = Manifest.load(cfg.models_dir / model)
     runtime = StageRuntime(cfg.models_dir / model, manifest, 0, len(manifest.blocks),
                            device=cfg.device, threads=cfg.ort_threads)
-    config = initial_config(model, [r.index for r in manifest.ramps])
+    config = initial_config(model, initial_ramps(manifest))
 
     def run(inputs: dict[str, np.ndarray]) -> float:
         batch = {k: v[None] for k, v in inputs.items()}

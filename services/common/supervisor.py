@@ -49,9 +49,10 @@ class Deployment:
 
 
 def prepare_state(cfg: Config, say=print) -> None:
-    """Create the state folder, migrate the store, prepare and register the served models."""
-    from services.models.manifest import Manifest
-    from services.models.prepare import prepare
+    """Create the state folder, migrate the store, prepare and register the served models.
+
+    Zoo models are prepared on demand; any other name must already be prepared (``offramp
+    prepare PATH --name NAME``) under the models folder."""
     from services.store.migrate import upgrade
     from services.store.repository import Store
 
@@ -60,15 +61,38 @@ def prepare_state(cfg: Config, say=print) -> None:
     store = Store(cfg.database_url)
     try:
         for name in cfg.models:
-            model_dir = prepare(name, cfg.models_dir, log=say)
-            manifest = Manifest.load(model_dir)
-            store.register_model(manifest.to_dict(), str(model_dir))
-            if store.latest_exit_config(name) is None:
-                ramps = [r.index for r in manifest.ramps]
-                store.save_exit_config(name, {r: 0.0 for r in ramps}, ramps, "latency",
-                                       "initial deployment: all ramps active, thresholds 0")
+            register_prepared(store, ensure_prepared(cfg, name, say))
     finally:
         store.close()
+
+
+def ensure_prepared(cfg: Config, name: str, say=print) -> Path:
+    from services.models.prepare import ZOO, load_if_intact, prepare
+
+    if name in ZOO:
+        return prepare(name, cfg.models_dir, log=say)
+    model_dir = cfg.models_dir / name
+    if load_if_intact(model_dir, name) is None:
+        raise SystemExit(f"model {name!r} is neither in the zoo ({', '.join(sorted(ZOO))}) nor "
+                         f"prepared under {cfg.models_dir}: run `offramp prepare PATH --name "
+                         f"{name} --data INPUTS.npz` first")
+    say(f"using prepared {name} at {model_dir}")
+    return model_dir
+
+
+def register_prepared(store, model_dir: Path) -> None:
+    """Record a prepared model (models, artifacts, ramps) and its initial exit config."""
+    from services.models.manifest import Manifest
+    from services.worker.exits import initial_ramps
+
+    manifest = Manifest.load(model_dir)
+    store.register_model(manifest.to_dict(), str(model_dir))
+    if store.latest_exit_config(manifest.name) is None:
+        active = initial_ramps(manifest)
+        store.save_exit_config(manifest.name, {r.index: 0.0 for r in manifest.ramps}, active,
+                               "latency", f"initial deployment: {len(active)} of "
+                               f"{len(manifest.ramps)} ramps active (evenly spaced within the "
+                               "ramp budget), thresholds 0")
 
 
 class Supervisor:

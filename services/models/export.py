@@ -16,10 +16,14 @@ def to_onnx(
     example: tuple[torch.Tensor, ...],
     input_names: list[str],
     output_names: list[str],
+    dynamic: dict[str, dict[int, str]] | None = None,
 ) -> bytes:
-    """ONNX model bytes of ``module`` traced on ``example``; axis 0 of every I/O is dynamic."""
+    """ONNX model bytes of ``module`` traced on ``example``; axis 0 of every I/O is dynamic,
+    plus any axes named in ``dynamic`` (e.g. a ramp's spatial or sequence axes)."""
     module.eval()
     axes = {n: {0: "batch"} for n in [*input_names, *output_names]}
+    for name, more in (dynamic or {}).items():
+        axes.setdefault(name, {}).update(more)
     buf = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation chatter

@@ -1,10 +1,12 @@
 """The manifest of a prepared model: ``<models_dir>/<name>/manifest.json``.
 
-A prepared model is a chain of ONNX blocks plus ONNX ramp heads. Block 0 takes the
-model inputs by name; every later block takes one input ``x``; every block's output is
-``y``; the last block outputs the final logits. A ramp head takes ``x`` (the output of
-block ``after_block``) and outputs ``logits``. Every file carries a dynamic batch axis 0
-and is named after its content hash, so a manifest and its files never disagree.
+A prepared model is a chain of ONNX blocks cut from the model's graph at its ramp sites,
+plus ONNX ramp heads. Block 0 takes the model inputs by name; block k > 0 takes the
+activation of site k-1 (its first input, named as in the original graph) plus any model
+inputs it reads (e.g. BERT's ``attention_mask``); the last block outputs the final
+logits. A ramp head takes ``x`` (the output of block ``after_block``) and outputs
+``logits``. Every file carries a dynamic batch axis 0 and is named after its content
+hash, so a manifest and its files never disagree.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class BlockSpec:
     input_names: list[str]
     output_shape: list[int]  # without the batch axis
     cost_ms: float = 0.0  # measured batch-1 latency of this block alone
+    output_name: str = "y"  # the site tensor (or final output) this block produces
+    cost_by_batch: dict[str, float] = field(default_factory=dict)  # batch size -> ms
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BlockSpec:
@@ -72,7 +76,8 @@ class RampSpec:
     params: int
     agreement: float  # held-out top-1 agreement with the final model
     cost_ms: float  # measured batch-1 latency of the ramp head
-    site: str = ""  # human-readable cut point in the source model
+    site: str = ""  # the graph tensor the ramp reads (its cut vertex)
+    cost_by_batch: dict[str, float] = field(default_factory=dict)  # batch size -> ms
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RampSpec:
@@ -102,6 +107,14 @@ class Manifest:
             if r.index == index:
                 return r
         raise KeyError(f"{self.name} has no ramp {index}")
+
+    def model_inputs_of(self, first_block: int, last_block: int) -> list[str]:
+        """Model inputs (not activations) that blocks [first_block, last_block) read."""
+        names = {t.name for t in self.inputs}
+        out: list[str] = []
+        for b in self.blocks[first_block:last_block]:
+            out += [n for n in b.input_names if n in names and n not in out]
+        return out
 
     def ramps_in(self, first_block: int, last_block: int) -> list[RampSpec]:
         """Ramps a stage running blocks [first_block, last_block) evaluates."""

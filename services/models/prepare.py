@@ -16,7 +16,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +28,12 @@ from services.models.manifest import (
     RampSpec,
     sha256_bytes,
 )
-from services.models.zoo import ZOO, ModelSpec, get_spec, sample_inputs
+from services.models.source import ModelSource, SourceError
+from services.models.zoo import RECIPE_VERSION, ZOO, sample_inputs
 
-__all__ = ["BOOTSTRAP_SEED", "ZOO", "load_if_intact", "prepare", "sample_inputs"]
+__all__ = ["BOOTSTRAP_SEED", "ZOO", "SiteChoice", "load_if_intact", "prepare", "sample_inputs",
+           "sites_json"]
+SITES_FILE = "sites.txt"  # the site analysis, human readable, next to the manifest
 
 # Bootstrap data uses its own seed so evaluations with sample_inputs(seed=0, ...) run on
 # frames the ramps never saw.
@@ -83,120 +86,179 @@ def _median_ms(fn: Callable[[], object], runs: int = 20, warmup: int = 3) -> flo
     return round(statistics.median(times), 4)
 
 
-def _build(
-    spec: ModelSpec, folder: Path, log: Log, progress: Log, n: int, device: str, threads: int
-) -> Manifest:
+BATCH_SIZES = (1, 4, 16)  # batch sizes whose block and ramp costs are measured
+
+
+@dataclass(frozen=True)
+class SiteChoice:
+    """Which candidate sites become ramps: ``keep`` restricts (tensor names or ordinals of
+    the feasible sites), ``max_ramps`` thins evenly; 0 = the source's default."""
+
+    keep: tuple[str, ...] = ()
+    max_ramps: int = 0
+
+
+def _ordinal_or_name(x: str) -> str | int:
+    return int(x) if x.isdigit() else x
+
+
+def _costs(fn: Callable[[int], object], sizes: tuple[int, ...]) -> dict[str, float]:
+    return {str(b): _median_ms(lambda b=b: fn(b), runs=10 if b > 1 else 20) for b in sizes}
+
+
+def _tile(inputs: dict[str, np.ndarray], b: int) -> dict[str, np.ndarray]:
+    return {k: np.ascontiguousarray(np.repeat(v[:1], b, axis=0)) for k, v in inputs.items()}
+
+
+def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, device: str,
+           threads: int, choice: SiteChoice) -> tuple[Manifest, dict]:
+    import onnxruntime as ort
     import torch
 
+    from services.models import onnx_blocks, sites
     from services.models import ramps as rp
-    from services.models.export import count_params, to_onnx
-    from services.models.runtime import StageRuntime
+    from services.models.export import to_onnx
+    from services.models.runtime import StageRuntime, pick_providers, session_options
 
     t0 = time.perf_counter()
-    built = spec.build()
-    names = [t.name for t in spec.inputs]
-    blocks: list[BlockSpec] = []
-    prev: tuple = tuple(built.example[k] for k in names)
-    for i, seg in enumerate(built.segments):
-        in_names = names if i == 0 else ["x"]
-        data = to_onnx(seg, prev, in_names, ["y"])
-        with torch.no_grad():
-            out = seg(*prev)
-        file, digest = _write(folder, f"block_{i}", data)
-        blocks.append(BlockSpec(i, file, digest, in_names, list(out.shape[1:])))
-        prev = (torch.zeros_like(out),)
-    manifest = Manifest(
-        name=spec.name,
-        version="",
-        kind=spec.kind,
-        inputs=list(spec.inputs),
-        outputs=list(spec.outputs),
-        classes=spec.classes,
-        blocks=blocks,
-        ramps=[],
-        base_params=count_params(built.segments),
-        full_ms=0.0,
-    )
-    log(f"exported {len(blocks)} blocks in {time.perf_counter() - t0:.1f} s")
+    report = sites.find_sites(src.model)
+    keep = [_ordinal_or_name(k) for k in choice.keep] or None
+    try:
+        chosen = sites.select_sites(report, keep=keep)
+    except ValueError as exc:
+        raise SourceError(f"{src.name}: {exc}\n{report.summary()}") from None
+    limit = choice.max_ramps or src.max_ramps
+    if len(chosen) > limit:
+        chosen = sites.thin_sites(chosen, limit, cheapest=True)
+    if not chosen:
+        raise SourceError(f"{src.name}: the graph has no feasible ramp site (no cut vertex "
+                          f"with an N x C x H x W, N x S x H or N x F activation):\n"
+                          f"{report.summary()}")
+    log(f"ramp sites: {len(report.sites)} feasible, {len(report.rejected)} tensors rejected; "
+        f"ramps at {len(chosen)}: " + ", ".join(s.tensor for s in chosen))
+    ordinal = {s.tensor: k for k, s in enumerate(report.sites)}
 
-    # Exported chain must equal the unsplit torch model before anything builds on it.
+    parts = onnx_blocks.split_blocks(src.model, [s.tensor for s in chosen])
+    blocks: list[BlockSpec] = []
+    for i, part in enumerate(parts):
+        file, digest = _write(folder, f"block_{i}", part.SerializeToString())
+        out = part.graph.output[0]
+        blocks.append(BlockSpec(i, file, digest, [vi.name for vi in part.graph.input], [],
+                                output_name=out.name))
+    full_file, full_digest = _write(folder, "full", src.model.SerializeToString())
+    manifest = Manifest(
+        name=src.name, version="", kind=src.kind, inputs=list(src.inputs),
+        outputs=list(src.outputs), classes=src.classes, blocks=blocks, ramps=[],
+        base_params=src.base_params, full_ms=0.0)
+    log(f"split into {len(blocks)} blocks in {time.perf_counter() - t0:.1f} s")
+
+    # The chained blocks must reproduce the unsplit model before anything builds on them.
+    so, providers = session_options(threads), pick_providers(device)
+    full = ort.InferenceSession(str(folder / full_file), so, providers=providers)
     rt = StageRuntime(folder, manifest, 0, len(blocks), device=device, threads=threads)
-    check = spec.sample_inputs(2, 1)
-    with torch.no_grad():
-        ref = built.full(*[torch.from_numpy(check[k]) for k in names]).numpy()
+    check = src.sample(3, 1)
+    ref = full.run(None, check)[0]
     diff = float(np.abs(rt.run_all(check)[0] - ref).max())
-    if not diff < 1e-3:
-        raise RuntimeError(f"exported {spec.name} differs from torch by {diff}")
+    if not diff < 1e-4:
+        raise RuntimeError(f"blocks of {src.name} differ from the unsplit model by {diff}")
 
     t1 = time.perf_counter()
-    sites = list(range(len(blocks) - 1))  # a ramp after every block but the last
-    feats = rp.collect_features(
-        rt, sites, spec.bootstrap(n, BOOTSTRAP_SEED), n, spec.pool, progress
-    )
+    probe = onnx_blocks.add_outputs(src.model, [s.tensor for s in chosen])
+    probe_sess = ort.InferenceSession(probe.SerializeToString(), so, providers=providers)
+    feats = rp.collect_features(probe_sess, [s.tensor for s in chosen],
+                                src.bootstrap(n, BOOTSTRAP_SEED), n, src.pool, progress)
+    del probe_sess
     t2 = time.perf_counter()
-    fits = rp.train_ramps(feats, spec.classes, spec.pool, steps=spec.ramp_steps, log=log)
+    fits = rp.train_ramps(feats, src.classes, src.pool, steps=src.ramp_steps, log=log)
     t3 = time.perf_counter()
+    for k, shape in feats.shapes.items():
+        blocks[k] = replace(blocks[k], output_shape=list(shape))
+    blocks[-1] = replace(blocks[-1], output_shape=list(src.outputs[0].shape))
     ramps = []
     for k, fit in enumerate(fits):
-        example = (torch.zeros(1, *blocks[fit.after_block].output_shape),)
-        data = to_onnx(rp.head_module(fit), example, ["x"], ["logits"])
+        shape = feats.shapes[fit.after_block]
+        spatial = {"x": {d + 1: f"d{d + 1}" for d in range(1, len(shape))}}  # keep C / H fixed
+        data = to_onnx(rp.head_module(fit), (torch.zeros(1, *shape),), ["x"], ["logits"],
+                       dynamic=spatial)
         file, digest = _write(folder, f"ramp_{k}", data)
-        ramps.append(
-            RampSpec(
-                k,
-                fit.after_block,
-                file,
-                digest,
-                fit.arch,
-                fit.params,
-                round(fit.agreement, 4),
-                0.0,
-                built.sites[fit.after_block],
-            )
-        )
+        ramps.append(RampSpec(k, fit.after_block, file, digest, fit.arch, fit.params,
+                              round(fit.agreement, 4), 0.0, chosen[fit.after_block].tensor))
     manifest.ramps = ramps
 
-    # Batch-1 costs on this machine, measured through the same runtime workers use.
+    # Costs on this machine through the runtime workers use: per block and ramp, per batch.
     rt = StageRuntime(folder, manifest, 0, len(blocks), device=device, threads=threads)
-    one = spec.sample_inputs(1, 2)
+    one = src.sample(1, 2)
     acts: list[np.ndarray] = []
     x: dict[str, np.ndarray] | np.ndarray = one
     for i in range(len(blocks)):
-        cost = _median_ms(lambda i=i, inp=x: rt.run_block(i, inp))
-        blocks[i] = replace(blocks[i], cost_ms=cost)
-        x = rt.run_block(i, x)
+        by_batch = _costs(lambda b, i=i, inp=x: rt.run_block(
+            i, _tile(inp, b) if isinstance(inp, dict) else np.repeat(inp, b, axis=0),
+            _tile(one, b)), BATCH_SIZES)
+        blocks[i] = replace(blocks[i], cost_ms=by_batch["1"], cost_by_batch=by_batch)
+        x = rt.run_block(i, x, one)
         acts.append(x)
     for k, r in enumerate(ramps):
-        cost = _median_ms(lambda r=r, a=acts[r.after_block]: rt.run_ramp(r.index, a))
-        ramps[k] = replace(r, cost_ms=cost)
-
-    def full() -> None:
-        y: dict[str, np.ndarray] | np.ndarray = one
-        for i in range(len(blocks)):
-            y = rt.run_block(i, y)
-
-    manifest.full_ms = _median_ms(full)
+        a = acts[r.after_block]
+        by_batch = _costs(lambda b, r=r, a=a: rt.run_ramp(r.index, np.repeat(a, b, axis=0)),
+                          BATCH_SIZES)
+        ramps[k] = replace(r, cost_ms=by_batch["1"], cost_by_batch=by_batch)
+    manifest.full_ms = _median_ms(lambda: rt.run_all(one, one))
+    unsplit_ms = _median_ms(lambda: full.run(None, one))
     manifest.version = manifest.compute_version()
     manifest.meta = {
-        "recipe": spec.fingerprint(n),
-        "bootstrap_samples": n,
+        "recipe": _fingerprint(src, n),
+        "source": src.description,
+        "full_model_file": full_file,
+        "full_model_sha256": full_digest,
+        "unsplit_ms": unsplit_ms,
+        "bootstrap_samples": len(feats.labels),
         "bootstrap_seed": BOOTSTRAP_SEED,
         "agreement_estimate": "5-fold cross-validation by scene/group",
         "distinct_labels": len(np.unique(feats.labels)),
         "fold_agreement": [f.fold_agreement for f in fits],
         "train_agreement": [round(f.train_agreement, 4) for f in fits],
-        "export_max_abs_diff": diff,
+        "split_max_abs_diff": diff,
+        "sites": [{"tensor": s.tensor, "index": s.index, "layout": s.layout,
+                   "shape": list(s.shape), "op": s.op} for s in report.sites],
+        "ramp_sites": [ordinal[s.tensor] for s in chosen],
+        "rejected": len(report.rejected),
         "providers": rt.providers,
         "threads": threads,
         "seconds": {
-            "export": round(t1 - t0, 2),
+            "split": round(t1 - t0, 2),
             "features": round(t2 - t1, 2),
             "train": round(t3 - t2, 2),
             "total": round(time.perf_counter() - t0, 2),
         },
     }
+    (folder / SITES_FILE).write_text(report.summary() + "\n", encoding="utf-8")
     manifest.save(folder)
     return manifest
+
+
+def _fingerprint(src: ModelSource, n: int) -> str:
+    return f"{RECIPE_VERSION}|{src.recipe}|n={n}|steps={src.ramp_steps}|max={src.max_ramps}"
+
+
+def sites_json(manifest: Manifest) -> dict:
+    """The ``--json`` report: feasible sites in execution order and the trained ramps."""
+    sites = manifest.meta.get("sites", [])
+    by_tensor = {s["tensor"]: k for k, s in enumerate(sites)}
+    return {
+        "model": manifest.name,
+        "version": manifest.version,
+        "sites": [{"tensor": s["tensor"], "index": s["index"]} for s in sites],
+        "ramps": [{"site": by_tensor.get(r.site, -1), "tensor": r.site, "ramp": r.index,
+                   "after_block": r.after_block, "agreement": r.agreement, "cost_ms": r.cost_ms,
+                   "cost_share": round(r.cost_ms / manifest.full_ms, 5) if manifest.full_ms else None,
+                   "params": r.params,
+                   "params_share": round(r.params / manifest.base_params, 5)
+                   if manifest.base_params else None,
+                   "cost_by_batch": r.cost_by_batch} for r in manifest.ramps],
+        "full_ms": manifest.full_ms,
+        "unsplit_ms": manifest.meta.get("unsplit_ms"),
+        "base_params": manifest.base_params,
+    }
 
 
 def _install(tmp: Path, target: Path, manifest: Manifest) -> None:
@@ -209,10 +271,9 @@ def _install(tmp: Path, target: Path, manifest: Manifest) -> None:
         return
     # Replace in place: hashed names never clash with live files of other content, and
     # the manifest swap is the single atomic switch-over.
-    keep = {MANIFEST_FILE}
-    for file, _ in manifest.artifacts():
-        os.replace(tmp / file, target / file)
-        keep.add(file)
+    keep = {p.name for p in tmp.iterdir()}
+    for name in keep - {MANIFEST_FILE}:
+        os.replace(tmp / name, target / name)
     os.replace(tmp / MANIFEST_FILE, target / MANIFEST_FILE)
     for p in target.iterdir():
         if p.name not in keep and p.suffix == ".onnx":
@@ -220,7 +281,7 @@ def _install(tmp: Path, target: Path, manifest: Manifest) -> None:
 
 
 def prepare(
-    name: str,
+    target: str,
     models_dir: Path,
     force: bool = False,
     log: Log = print,
@@ -229,33 +290,42 @@ def prepare(
     device: str = "auto",
     threads: int = 0,
     progress: Log = _stderr,
+    data: Path | None = None,
+    name: str | None = None,
+    choice: SiteChoice = SiteChoice(),
 ) -> Path:
-    """Prepare ``name`` under ``models_dir`` (reusing an intact copy); return its folder."""
-    spec = get_spec(name)  # ValueError listing the known models
+    """Prepare a zoo model or a user's ONNX / torch model under ``models_dir`` (reusing an
+    intact copy made by the same recipe); return its folder."""
+    from services.models.source import resolve
+
     models_dir = Path(models_dir)
+    src = resolve(target, data, name)  # SourceError says what is wrong with the input
+    if choice != SiteChoice():
+        src = replace(src, recipe=f"{src.recipe}|keep={','.join(choice.keep)}",
+                      max_ramps=choice.max_ramps or src.max_ramps)
     models_dir.mkdir(parents=True, exist_ok=True)
-    target = models_dir / name
-    with _locked(models_dir / f".{name}.lock"):
-        n = bootstrap_n or spec.bootstrap_n
-        recipe = spec.fingerprint(n)
-        if not force and (m := load_if_intact(target, name)) is not None:
+    target_dir = models_dir / src.name
+    with _locked(models_dir / f".{src.name}.lock"):
+        n = bootstrap_n or src.bootstrap_n
+        recipe = _fingerprint(src, n)
+        if not force and (m := load_if_intact(target_dir, src.name)) is not None:
             if m.meta.get("recipe") == recipe:
-                log(f"reusing {name} {m.version} at {target}")
-                return target
-            log(f"{name} at {target} was prepared by another recipe; rebuilding")
+                log(f"reusing {src.name} {m.version} at {target_dir}")
+                return target_dir
+            log(f"{src.name} at {target_dir} was prepared by another recipe; rebuilding")
         # Holding the lock, any temp folder left is from an interrupted run.
-        for stale in models_dir.glob(f".{name}.tmp-*"):
+        for stale in models_dir.glob(f".{src.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=models_dir))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{src.name}.tmp-", dir=models_dir))
         tmp.chmod(0o755)  # mkdtemp makes it private; the model folder should not be
         try:
-            log(f"preparing {name} ({spec.description}) with {n} bootstrap samples")
-            manifest = _build(spec, tmp, log, progress, n, device, threads)
-            _install(tmp, target, manifest)
+            log(f"preparing {src.name} ({src.description}) with {n} bootstrap samples")
+            manifest = _build(src, tmp, log, progress, n, device, threads, choice)
+            _install(tmp, target_dir, manifest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     log(
-        f"prepared {name} {manifest.version} at {target} in "
+        f"prepared {src.name} {manifest.version} at {target_dir} in "
         f"{manifest.meta['seconds']['total']:.1f} s"
     )
-    return target
+    return target_dir

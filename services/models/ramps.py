@@ -2,7 +2,7 @@
 
 Following Apparate, ramps are shallow and the labels need no ground truth: the base
 model is frozen and each ramp learns to predict what the final model will say. All
-sites' pooled features are gathered in one pass through the exported ONNX blocks, then
+sites' pooled features are gathered in one pass of the whole ONNX model, then
 each linear layer trains in seconds on those small feature matrices.
 """
 
@@ -11,13 +11,13 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
-from services.models.runtime import StageRuntime
+from services.models.adam import Adam, torch_threads
 
 POOLS = ("gap", "mean", "first")
 Log = Callable[[str], None]
@@ -71,41 +71,47 @@ class Features:
     ndims: dict[int, int]  # block index -> rank of the raw activation (with batch)
     labels: np.ndarray  # int64 N, the final model's top-1
     groups: np.ndarray  # int64 N, e.g. scene ids, for an honest held-out split
+    shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)  # raw, batch axis dropped
 
 
 def collect_features(
-    rt: StageRuntime,
-    sites: list[int],
+    session,
+    sites: list[str],
     batches: Iterable[tuple[dict[str, np.ndarray], np.ndarray]],
     total: int,
     pool: str = "gap",
     log: Log = stderr_log,
 ) -> Features:
-    """One pass over the bootstrap data: pool at every site right away (memory stays small)."""
-    pooled: dict[int, list[np.ndarray]] = {s: [] for s in sites}
+    """One pass of the whole model over the bootstrap data with every site tensor as an
+    extra output (``onnx_blocks.add_outputs``); activations are pooled right away so memory
+    stays small. ``Features.by_block[k]`` holds site ``k`` (the output of block ``k``)."""
+    pooled: dict[int, list[np.ndarray]] = {k: [] for k in range(len(sites))}
     ndims: dict[int, int] = {}
+    shapes: dict[int, tuple[int, ...]] = {}
     labels, groups = [], []
+    names = [i.name for i in session.get_inputs()]
     done, t0, next_report = 0, time.perf_counter(), 0.0
     for inputs, group in batches:
-        x: dict[str, np.ndarray] | np.ndarray = inputs
-        for i in range(rt.first_block, rt.last_block):
-            x = rt.run_block(i, x)
-            if i in pooled:
-                ndims[i] = x.ndim
-                pooled[i].append(pool_np(x, pool).astype(np.float32))
-        assert isinstance(x, np.ndarray)
-        labels.append(x.argmax(axis=1).astype(np.int64))
+        outs = session.run(None, {k: inputs[k] for k in names})
+        logits, acts = outs[0], outs[1:]
+        for k, a in enumerate(acts):
+            ndims[k], shapes[k] = a.ndim, tuple(a.shape[1:])
+            pooled[k].append(pool_np(a, pool).astype(np.float32))
+        labels.append(logits.argmax(axis=1).astype(np.int64))
         groups.append(np.asarray(group, np.int64))
         done += len(group)
         elapsed = time.perf_counter() - t0
         if elapsed >= next_report or done >= total:
             log(f"features {done}/{total} ({elapsed:.0f} s)")
             next_report = elapsed + 5.0
+    if not labels:
+        raise ValueError("no bootstrap data: cannot train ramps")
     return Features(
-        by_block={s: np.concatenate(v) for s, v in pooled.items()},
+        by_block={k: np.concatenate(v) for k, v in pooled.items()},
         ndims=ndims,
         labels=np.concatenate(labels),
         groups=np.concatenate(groups),
+        shapes=shapes,
     )
 
 
@@ -125,12 +131,18 @@ def fit_linear(
     x: np.ndarray,
     y: np.ndarray,
     classes: int,
+    train_masks: list[np.ndarray] | None = None,
     steps: int = 300,
     lr: float = 1e-2,
     l2: float = 2e-2,
     seed: int = 0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Softmax regression (W classes×C, b classes), fitted full-batch with Adam + L2.
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Softmax regressions (W classes×C, b classes), one per training mask over the rows of
+    ``x`` (default: all rows), fitted together full-batch with Adam + L2.
+
+    All fits of a ramp (its cross-validation folds and the final fit) train as one
+    batched problem: the summed loss has independent gradients per fit and Adam is
+    elementwise, so this equals separate fits at a fraction of the per-op overhead.
 
     The L2 penalty (on standardised features) matters for calibration more than for
     agreement: without it heads overfit (train ~97%) and their confident predictions
@@ -139,30 +151,46 @@ def fit_linear(
     Only classes present in ``y`` are fitted (a few dozen of 1000 on a video stream,
     so ~20× cheaper); absent classes get zero weights and a bias far below every seen
     logit, which is where a full fit would push them anyway. Features are standardised
-    for a well-conditioned fit and the scaling is folded back into W and b, so the
-    exported head takes raw pooled activations.
+    per fit for a well-conditioned problem and the scaling is folded back into W and b,
+    so the exported head takes raw pooled activations.
     """
+    masks = [np.ones(len(y), bool)] if train_masks is None else train_masks
     seen = np.unique(y)
-    mean = x.mean(axis=0)
-    std = x.std(axis=0) + 1e-6
-    xt = torch.from_numpy((x - mean) / std)
-    yt = torch.from_numpy(np.searchsorted(seen, y))
-    torch.manual_seed(seed)
-    lin = nn.Linear(x.shape[1], len(seen))
-    opt = torch.optim.Adam(lin.parameters(), lr=lr)
-    with torch.enable_grad():
+    m = torch.from_numpy(np.stack(masks).astype(np.float32))  # F×N
+    count = m.sum(dim=1).clamp(min=1.0)
+    xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    mean = (m @ xt) / count[:, None]  # F×C
+    std = ((m @ xt.pow(2)) / count[:, None] - mean.pow(2)).clamp(min=0).sqrt() + 1e-6
+    xs = (xt[None] - mean[:, None]) / std[:, None]  # F×N×C
+    yt = torch.from_numpy(np.searchsorted(seen, y)).repeat(len(masks))
+    gen = torch.Generator().manual_seed(seed)
+    bound = 1.0 / np.sqrt(x.shape[1])  # nn.Linear's initialisation
+    w = ((torch.rand(len(masks), len(seen), x.shape[1], generator=gen) * 2 - 1) * bound)
+    b = ((torch.rand(len(masks), len(seen), generator=gen) * 2 - 1) * bound)
+    w.requires_grad_(True)
+    b.requires_grad_(True)
+    opt = Adam([w, b], lr=lr)
+    with torch.enable_grad(), torch_threads(1):
         for _ in range(steps):
             opt.zero_grad()
-            loss = nn.functional.cross_entropy(lin(xt), yt)
-            (loss + l2 * lin.weight.pow(2).sum(dim=1).mean()).backward()
+            logits = torch.baddbmm(b[:, None, :], xs, w.transpose(1, 2))  # F×N×K
+            ce = nn.functional.cross_entropy(logits.reshape(-1, len(seen)), yt,
+                                             reduction="none").view(len(masks), -1)
+            loss = ((ce * m).sum(dim=1) / count).sum() + l2 * w.pow(2).sum(dim=2).mean(dim=1).sum()
+            loss.backward()
             opt.step()
+    out = []
     with torch.no_grad():
-        floor = float(lin(xt).min()) - 15.0  # e^-15: absent classes take no real mass
-    w = np.zeros((classes, x.shape[1]), np.float32)
-    b = np.full(classes, floor, np.float32)
-    w[seen] = lin.weight.detach().numpy() / std[None, :]
-    b[seen] = lin.bias.detach().numpy() - w[seen] @ mean
-    return w, b
+        logits = torch.baddbmm(b[:, None, :], xs, w.transpose(1, 2))
+        for f in range(len(masks)):
+            rows = m[f] > 0
+            floor = float(logits[f][rows].min()) - 15.0  # e^-15: absent classes take no mass
+            wf = np.zeros((classes, x.shape[1]), np.float32)
+            bf = np.full(classes, floor, np.float32)
+            wf[seen] = (w[f] / std[f][None, :]).numpy()
+            bf[seen] = (b[f] - (w[f] / std[f][None, :]) @ mean[f]).numpy()
+            out.append((wf, bf))
+    return out
 
 
 def agreement(w: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
@@ -201,17 +229,15 @@ def train_ramps(
     Held-out agreement varies a lot with which scenes are held out, so one 80/20 split
     is a noisy estimate; the mean over folds is the figure recorded in the manifest.
     """
-    masks = group_folds(feats.groups, folds)
+    masks = [m for m in group_folds(feats.groups, folds) if m.any() and not m.all()]
     fits = []
     for site in sorted(feats.by_block):
         x, y = feats.by_block[site], feats.labels
-        per_fold = []
-        for test in masks:
-            if test.all() or not test.any():
-                continue
-            w, b = fit_linear(x[~test], y[~test], classes, steps=steps)
-            per_fold.append(round(agreement(w, b, x[test], y[test]), 4))
-        w, b = fit_linear(x, y, classes, steps=steps)
+        # The folds' fits and the exported all-data fit train together (see fit_linear).
+        train = [~t for t in masks] + [np.ones(len(y), bool)]
+        *per_fold_wb, (w, b) = fit_linear(x, y, classes, train, steps=steps)
+        per_fold = [round(agreement(fw, fb, x[t], y[t]), 4)
+                    for (fw, fb), t in zip(per_fold_wb, masks, strict=True)]
         held = float(np.mean(per_fold)) if per_fold else float("nan")
         seen = agreement(w, b, x, y)
         ndim = feats.ndims[site]

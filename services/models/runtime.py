@@ -87,39 +87,50 @@ class StageRuntime:
     def is_last(self) -> bool:
         return self.last_block == self.manifest.num_blocks
 
-    def run_block(self, i: int, inputs: dict[str, np.ndarray] | np.ndarray) -> np.ndarray:
-        """Output ``y`` of block ``i``: block 0 takes the model inputs by name, others ``x``."""
+    def run_block(self, i: int, x: dict[str, np.ndarray] | np.ndarray,
+                  model_inputs: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """Output of block ``i``. Block 0 takes the model inputs (a dict, or one array for a
+        single-input model); block k > 0 takes the previous activation ``x`` plus whatever
+        model inputs it reads, looked up in ``model_inputs``."""
+        spec = self.manifest.blocks[i]
         sess = self._blocks[i]
         if i == 0:
-            if not isinstance(inputs, dict):
-                names = self.manifest.blocks[0].input_names
-                if len(names) != 1:
-                    raise ValueError(f"block 0 needs a dict of inputs {names}")
-                inputs = {names[0]: inputs}
-            feeds = {
-                k: np.ascontiguousarray(v, dtype=self._in_dtypes.get(k, np.float32))
-                for k, v in inputs.items()
-            }
+            if not isinstance(x, dict):
+                if len(spec.input_names) != 1:
+                    raise ValueError(f"block 0 needs a dict of inputs {spec.input_names}")
+                x = {spec.input_names[0]: x}
+            feeds = {k: self._model_input(k, x) for k in spec.input_names}
         else:
-            x = inputs["x"] if isinstance(inputs, dict) else inputs
-            feeds = {"x": np.ascontiguousarray(x, dtype=np.float32)}
+            act = x["x"] if isinstance(x, dict) else x
+            feeds = {spec.input_names[0]: np.ascontiguousarray(act, dtype=np.float32)}
+            for k in spec.input_names[1:]:
+                if model_inputs is None or k not in model_inputs:
+                    raise ValueError(f"block {i} of {self.manifest.name} also reads model "
+                                     f"input {k!r}: pass it in model_inputs")
+                feeds[k] = self._model_input(k, model_inputs)
         return sess.run(None, feeds)[0]
+
+    def _model_input(self, name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return np.ascontiguousarray(inputs[name], dtype=self._in_dtypes.get(name, np.float32))
 
     def run_ramp(self, r: int, x: np.ndarray) -> np.ndarray:
         """Logits of ramp ``r`` on the output of its block."""
         return self._ramps[r].run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)})[0]
 
     def run_all(
-        self, inputs: dict[str, np.ndarray] | np.ndarray
+        self, inputs: dict[str, np.ndarray] | np.ndarray,
+        model_inputs: dict[str, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         """Run every block of the stage; return its output and every ramp's logits."""
         by_block: dict[int, list[int]] = {}
         for r in self.ramps:
             by_block.setdefault(r.after_block, []).append(r.index)
         x: dict[str, np.ndarray] | np.ndarray = inputs
+        if model_inputs is None and isinstance(inputs, dict):
+            model_inputs = inputs
         ramp_logits: dict[int, np.ndarray] = {}
         for i in range(self.first_block, self.last_block):
-            x = self.run_block(i, x)
+            x = self.run_block(i, x, model_inputs)
             for r in by_block.get(i, []):
                 ramp_logits[r] = self.run_ramp(r, x)
         assert isinstance(x, np.ndarray)

@@ -433,12 +433,15 @@ def select_sites(report: SiteReport, keep: list[str | int] | None = None,
     return sorted(chosen.values(), key=lambda s: s.index)
 
 
-def thin_sites(sites: list[Site], max_sites: int) -> list[Site]:
+def thin_sites(sites: list[Site], max_sites: int, cheapest: bool = False) -> list[Site]:
     """An evenly spaced subset of at most ``max_sites`` sites, by ordinal among feasible
     sites (paper §3.1: "ramps are uniformly spaced across feasible positions").
 
     Picks the sites nearest the centres of ``max_sites`` equal slices of the list, so
-    neither end is favoured.
+    neither end is favoured. With ``cheapest``, each slice instead contributes its site
+    with the fewest channels (ties: the later one): a pool + fc ramp costs in proportion
+    to its input width, and e.g. EfficientNet's narrow block outputs are 6x thinner than
+    the expanded activations inside a block, at the same depth.
     """
     if max_sites < 0:
         raise ValueError(f"max_sites must be >= 0, got {max_sites}")
@@ -446,4 +449,16 @@ def thin_sites(sites: list[Site], max_sites: int) -> list[Site]:
     n = len(ordered)
     if n <= max_sites:
         return ordered
-    return [ordered[math.floor((j + 0.5) * n / max_sites)] for j in range(max_sites)]
+    if not cheapest:
+        return [ordered[math.floor((j + 0.5) * n / max_sites)] for j in range(max_sites)]
+    picks = []
+    for j in range(max_sites):
+        part = ordered[math.floor(j * n / max_sites):math.floor((j + 1) * n / max_sites)]
+        picks.append(min(reversed(part), key=_width))
+    return picks
+
+
+def _width(site: Site) -> float:
+    """Channels (N x C x H x W), hidden size (N x S x H) or features (N x F); unknown = inf."""
+    dim = site.shape[2] if site.layout == "nsh" else site.shape[1]
+    return float("inf") if dim < 0 else dim

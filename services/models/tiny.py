@@ -1,7 +1,8 @@
-"""``tiny``: a 4-block MLP for overhead benchmarks and fast tests.
+"""``tiny``: a 5-layer MLP for overhead benchmarks and fast tests.
 
-Input ``x`` float32[16]; blocks are Linear+ReLU (hidden 32) and the last block maps to
-10 logits. Weights are seeded and briefly fitted to a fixed synthetic rule, so the
+Input ``x`` float32[16]; four Linear+ReLU layers (hidden 32), then a Linear to 10
+logits. Its graph has ramp sites after the first three ReLUs (the fourth only feeds the
+classifier), so it prepares into 4 blocks and 3 ramps. Weights are seeded and briefly fitted to a fixed synthetic rule, so the
 predictions are non-trivial (several classes, ramps that agree only partly) while
 preparing still takes about a second.
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import nn
+
+from services.models.adam import Adam, torch_threads
 
 IN_FEATURES = 16
 HIDDEN = 32
@@ -31,11 +34,12 @@ def sample_inputs(n: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def build_model(steps: int = 150) -> nn.Sequential:
-    """The full model as a Sequential of its 4 blocks, deterministically fitted."""
+    """The full model, deterministically fitted."""
     gen = torch.Generator().manual_seed(SEED)
     torch.manual_seed(SEED)  # nn.Linear init draws from the global generator
     blocks = [
         nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU()),
+        nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.ReLU()),
         nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.ReLU()),
         nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.ReLU()),
         nn.Linear(HIDDEN, CLASSES),
@@ -43,8 +47,8 @@ def build_model(steps: int = 150) -> nn.Sequential:
     model = nn.Sequential(*blocks)
     x = torch.randn(4096, IN_FEATURES, generator=gen)
     y = torch.from_numpy(rule_labels(x.numpy()))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    with torch.enable_grad():
+    opt = Adam(list(model.parameters()), lr=1e-2)
+    with torch.enable_grad(), torch_threads(1):
         for _ in range(steps):
             opt.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()
@@ -52,7 +56,3 @@ def build_model(steps: int = 150) -> nn.Sequential:
     for p in model.parameters():
         p.requires_grad_(False)
     return model.eval()
-
-
-def segments(model: nn.Sequential) -> list[nn.Module]:
-    return [m.eval() for m in model]

@@ -12,8 +12,7 @@ import numpy as np
 
 from services.models.manifest import TensorSpec
 
-RECIPE_VERSION = "2"  # bump when preparation changes in a way that alters artifacts
-EFFNET_SITES = (2, 4, 7, 10, 14)  # see services/models/efficientnet.py
+RECIPE_VERSION = "3"  # bump when preparation changes in a way that alters artifacts
 
 # (inputs by name, group ids): groups keep held-out data honest (e.g. unseen scenes).
 Batches = Iterator[tuple[dict[str, np.ndarray], np.ndarray]]
@@ -21,9 +20,7 @@ Batches = Iterator[tuple[dict[str, np.ndarray], np.ndarray]]
 
 @dataclass
 class Built:
-    full: object  # torch nn.Module: the unsplit reference model
-    segments: list  # torch nn.Modules whose chain equals ``full``
-    sites: list[str]  # where each ramp site (after segment k) sits in the source model
+    full: object  # torch nn.Module: the whole classifier, exported to ONNX as one graph
     example: dict[str, object] = field(default_factory=dict)  # batch-1 torch inputs
 
 
@@ -39,12 +36,10 @@ class ModelSpec:
     sample_inputs: Callable[[int, int], dict[str, np.ndarray]]
     bootstrap: Callable[[int, int], Batches]  # (n, seed) -> chunks
     bootstrap_n: int
-    pool: str = "gap"
+    pool: str = "gap"  # for N x S x H activations: "mean" or "first" token
     ramp_steps: int = 300  # full-batch optimiser steps per ramp fit
+    max_ramps: int = 12  # candidate ramp sites kept (evenly spaced) of all the graph offers
     recipe: str = ""  # what shapes the artifacts; a change invalidates prepared copies
-
-    def fingerprint(self, bootstrap_n: int) -> str:
-        return f"{RECIPE_VERSION}|{self.recipe}|n={bootstrap_n}|steps={self.ramp_steps}"
 
 
 # --- efficientnet-lite0 ---------------------------------------------------------------
@@ -57,12 +52,7 @@ def _effnet_build() -> Built:
 
     model = eff.load_model()
     shape = (1, 3, eff.IMAGE_SIZE, eff.IMAGE_SIZE)
-    return Built(
-        model,
-        eff.segments(model, EFFNET_SITES),
-        eff.site_names(EFFNET_SITES),
-        {"image": torch.zeros(shape)},
-    )
+    return Built(model, {"image": torch.zeros(shape)})
 
 
 def _effnet_sample(n: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -87,8 +77,7 @@ def _tiny_build() -> Built:
     from services.models import tiny
 
     model = tiny.build_model()
-    example = {"x": torch.zeros(1, tiny.IN_FEATURES)}
-    return Built(model, tiny.segments(model), ["relu0", "relu1", "relu2"], example)
+    return Built(model, {"x": torch.zeros(1, tiny.IN_FEATURES)})
 
 
 def _tiny_sample(n: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -109,7 +98,7 @@ ZOO: dict[str, ModelSpec] = {
     "efficientnet-lite0": ModelSpec(
         name="efficientnet-lite0",
         kind="classifier",
-        description="EfficientNet-Lite0, ImageNet-1k, 4.65 M params, 6 blocks / 5 ramps",
+        description="EfficientNet-Lite0, ImageNet-1k, 4.65 M params",
         inputs=(TensorSpec("image", "<f4", [3, 224, 224]),),
         outputs=(TensorSpec("logits", "<f4", [1000]),),
         classes=1000,
@@ -117,12 +106,12 @@ ZOO: dict[str, ModelSpec] = {
         sample_inputs=_effnet_sample,
         bootstrap=_effnet_bootstrap,
         bootstrap_n=4000,
-        recipe=f"sites={EFFNET_SITES};gap_fc;video-frames",
+        recipe="gap_fc;video-frames",
     ),
     "tiny": ModelSpec(
         name="tiny",
         kind="classifier",
-        description="4-block MLP 16 -> 32 -> 32 -> 32 -> 10 for overhead tests",
+        description="MLP 16 -> 32 x4 -> 10 for overhead tests",
         inputs=(TensorSpec("x", "<f4", [16]),),
         outputs=(TensorSpec("logits", "<f4", [10]),),
         classes=10,
@@ -131,7 +120,7 @@ ZOO: dict[str, ModelSpec] = {
         bootstrap=_tiny_bootstrap,
         bootstrap_n=2000,
         ramp_steps=150,
-        recipe="mlp16-32x3-10;fc",
+        recipe="mlp16-32x4-10;fc",
     ),
 }
 

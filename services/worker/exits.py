@@ -25,6 +25,14 @@ def exits_at(ramp: int, scores: np.ndarray, exit_at: np.ndarray, config: ExitCon
 
 
 def initial_config(model: str, ramp_ids: list[int]) -> ExitConfig:
-    """Version 0: every ramp active, nothing exits (what a worker runs before any config exists)."""
+    """Version 0 with ``ramp_ids`` active and nothing exiting (what a worker runs before any
+    config exists); see ``services.tuner.initial`` for which ramps start active."""
     return ExitConfig(model=model, version=0, thresholds={r: 0.0 for r in ramp_ids},
                       active=list(ramp_ids))
+
+
+def initial_ramps(manifest) -> list[int]:
+    """The initial deployment's active ramps: evenly spaced within the ramp budget."""
+    from services.tuner.initial import initial_active
+
+    return initial_active({r.index: r.cost_ms for r in manifest.ramps}, manifest.full_ms)

@@ -9,6 +9,7 @@ prediction is always known and telemetry always carries the feedback.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import socket
 import time
@@ -27,7 +28,7 @@ from services.common.config import Config
 from services.common.runtime import spawn
 from services.models.manifest import Manifest
 from services.models.runtime import StageRuntime
-from services.worker.exits import initial_config, ramp_outcome
+from services.worker.exits import initial_config, initial_ramps, ramp_outcome
 from services.worker.stage_exec import execute
 
 STORE_HEARTBEAT_S = 2.0
@@ -51,8 +52,8 @@ class StagePlan:
 
 def plan_stages(n_blocks: int, cuts: list[int]) -> list[tuple[int, int]]:
     """Block ranges for cut points: cuts [4, 9] over 12 blocks -> [(0,4), (4,9), (9,12)]."""
-    bounds = [0] + sorted(set(c for c in cuts if 0 < c < n_blocks)) + [n_blocks]
-    return list(zip(bounds[:-1], bounds[1:]))
+    bounds = [0] + sorted({c for c in cuts if 0 < c < n_blocks}) + [n_blocks]
+    return list(itertools.pairwise(bounds))
 
 
 class Worker:
@@ -67,7 +68,9 @@ class Worker:
         self.log = log
         self.id = f"{plan.model}-s{plan.stage}-{uuid.uuid4().hex[:6]}"
         self.ramps = manifest.ramps_in(plan.first_block, plan.last_block)
-        self.config = initial_config(plan.model, [r.index for r in manifest.ramps])
+        # Model inputs that blocks after this stage read: passed along with the activation.
+        self.carry = manifest.model_inputs_of(plan.last_block, manifest.num_blocks)
+        self.config = initial_config(plan.model, initial_ramps(manifest))
         self.next_config: ExitConfig | None = None
         self.queue: asyncio.Queue[Batch] = asyncio.Queue()
         self.outbox: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
@@ -170,18 +173,22 @@ class Worker:
                 scores, np.full(len(idx), ramp, dtype=np.int32), logits, True,
                 config.version).encode())
 
+        first = self.plan.stage == 0
+        model_inputs = batch.inputs if first else batch.carry
         out = execute(self.runtime, self.ramps, self.plan.first_block, self.plan.last_block,
-                      batch.inputs if self.plan.stage == 0 else batch.inputs["x"], exit_at, config,
+                      batch.inputs if first else batch.inputs["x"], exit_at, config,
                       on_early, batch.ramp_ids,
                       None if batch.ramp_pred is None else list(batch.ramp_pred),
-                      None if batch.ramp_score is None else list(batch.ramp_score))
+                      None if batch.ramp_score is None else list(batch.ramp_score),
+                      model_inputs)
         stage_ms = batch.stage_ms + [out.ms]
         ramp_pred = np.stack(out.ramp_pred) if out.ramp_pred else np.zeros((0, n), np.int32)
         ramp_score = np.stack(out.ramp_score) if out.ramp_score else np.zeros((0, n), np.float32)
         if not self.plan.is_last:
             nxt = Batch(batch.batch_id, batch.model, self.plan.stage + 1, batch.router, batch.ids,
                         config.version, {"x": np.ascontiguousarray(out.output)}, out.ramp_ids,
-                        ramp_pred, ramp_score, out.exit_at, stage_ms).encode()
+                        ramp_pred, ramp_score, out.exit_at, stage_ms,
+                        {k: model_inputs[k] for k in self.carry}).encode()
             if len(nxt) > self.nc.max_payload:
                 raise ValueError(f"activations after block {self.plan.last_block - 1} are "
                                  f"{len(nxt)} bytes, over the NATS max_payload of "

@@ -28,13 +28,18 @@ class StageOutcome:
 def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, config: ExitConfig,
             on_early: EarlyCallback | None = None, ramp_ids: list[int] | None = None,
             ramp_pred: list[np.ndarray] | None = None,
-            ramp_score: list[np.ndarray] | None = None) -> StageOutcome:
+            ramp_score: list[np.ndarray] | None = None,
+            model_inputs: dict[str, np.ndarray] | None = None) -> StageOutcome:
     """Blocks ``first..last-1``; after each, the active ramps sited there (records kept for
-    every sample, early callback for samples that pass their threshold)."""
+    every sample, early callback for samples that pass their threshold). ``x`` is the model
+    inputs for stage 0, else the previous stage's activation; ``model_inputs`` holds the
+    model inputs later blocks read (defaults to ``x`` when it is the inputs dict)."""
+    if model_inputs is None and isinstance(x, dict):
+        model_inputs = x
     t0 = time.perf_counter()
     ids, preds, scores = list(ramp_ids or []), list(ramp_pred or []), list(ramp_score or [])
     for b in range(first, last):
-        x = runtime.run_block(b, x)
+        x = runtime.run_block(b, x, model_inputs)
         for ramp in ramps:
             if ramp.after_block != b or ramp.index not in config.active:
                 continue

@@ -27,8 +27,12 @@ def test_layout_follows_manifest(tiny_models):
     assert m.inputs[0].name == "x" and m.inputs[0].shape == [16]
     assert m.num_blocks == 4 and [r.after_block for r in m.ramps] == [0, 1, 2]
     assert m.blocks[0].input_names == ["x"]
-    assert all(b.input_names == ["x"] for b in m.blocks[1:])
+    # Block k > 0 reads the tensor block k-1 produces (a ramp site, named as in the graph).
+    for prev, b in zip(m.blocks, m.blocks[1:]):
+        assert b.input_names == [prev.output_name] and "Relu" in prev.output_name
+    assert [r.site for r in m.ramps] == [b.output_name for b in m.blocks[:-1]]
     assert m.blocks[-1].output_shape == [10]
+    assert all(set(b.cost_by_batch) == {"1", "4", "16"} for b in m.blocks)
     for b in m.blocks:
         assert b.file == f"block_{b.index}.{b.sha256[:12]}.onnx"
     for r in m.ramps:
@@ -62,8 +66,9 @@ def test_damaged_copy_and_leftovers_are_rebuilt(tmp_path):
     again = Manifest.load(d)
     assert again.verify(d) == []
     assert not stale.exists()
-    # Only files the manifest names remain.
-    on_disk = {p.name for p in d.iterdir()} - {"manifest.json"}
+    # Only files the manifest names remain (plus the unsplit model and the site report).
+    on_disk = {p.name for p in d.iterdir()} - {"manifest.json", "sites.txt",
+                                                again.meta["full_model_file"]}
     assert on_disk == {f for f, _ in again.artifacts()}
 
 

@@ -43,7 +43,7 @@ def test_plan_stages():
 class FakeRuntime:
     """Block b adds 1; ramp r answers class r with a confidence that grows with the input."""
 
-    def run_block(self, b, x):
+    def run_block(self, b, x, model_inputs=None):
         x = x["x"] if isinstance(x, dict) else x
         return x + 1.0
 

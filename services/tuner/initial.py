@@ -1,0 +1,31 @@
+"""The initial deployment of a freshly prepared model (Apparate §3.1): as many ramps as
+the ramp budget allows, evenly spaced over the candidate sites, every threshold 0 so
+nothing exits until the tuner has feedback."""
+
+from __future__ import annotations
+
+DEFAULT_BUDGET = 0.02  # worst-case latency ramps may add, as a share of the full model
+
+
+def evenly_spaced(ids: list[int], k: int) -> list[int]:
+    """``k`` of ``ids`` spread evenly: the centre of each of ``k`` equal slices."""
+    n = len(ids)
+    if k >= n:
+        return list(ids)
+    return [ids[int((j + 0.5) * n / k)] for j in range(k)]
+
+
+def initial_active(costs: dict[int, float], full_ms: float,
+                   budget: float = DEFAULT_BUDGET) -> list[int]:
+    """The most ramps, evenly spaced, whose summed cost stays within ``budget * full_ms``.
+
+    ``costs`` maps ramp index -> measured batch-1 cost (ms). Unknown costs (0 or a model
+    without a latency) are taken at face value, so such a model starts with every ramp.
+    """
+    ids = sorted(costs)
+    limit = budget * full_ms if full_ms > 0 else float("inf")
+    for k in range(len(ids), 0, -1):
+        pick = evenly_spaced(ids, k)
+        if sum(costs[i] for i in pick) <= limit:
+            return pick
+    return []

@@ -1,0 +1,169 @@
+"""`offramp prepare` on models it has never seen: an ONNX ResNet-style file and a
+TorchScript chain CNN, with user bootstrap data; plus the input errors a user can hit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from services.models import onnx_blocks
+from services.models.export import to_onnx
+from services.models.manifest import Manifest
+from services.models.prepare import SiteChoice, prepare
+from services.models.runtime import StageRuntime
+from services.models.source import SourceError
+from tests.unit.test_model_sites import ResNetish, VGGish
+
+
+def quiet(_msg: str) -> None:
+    pass
+
+
+def _images(n: int, seed: int) -> np.ndarray:
+    # Smooth random images: structure a small CNN responds to with varied predictions.
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((n, 3, 4, 4)).astype(np.float32)
+    return np.repeat(np.repeat(base, 4, axis=2), 4, axis=3) + 0.3 * rng.standard_normal(
+        (n, 3, 16, 16)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def resnet_onnx(tmp_path_factory):
+    torch.manual_seed(0)
+    model = ResNetish().eval()
+    d = tmp_path_factory.mktemp("user")
+    path = d / "resnetish.onnx"
+    path.write_bytes(to_onnx(model, (torch.zeros(1, 3, 16, 16),), ["image"], ["logits"]))
+    np.savez(d / "data.npz", image=_images(600, 1))
+    return path, d / "data.npz"
+
+
+@pytest.fixture(scope="module")
+def prepared_resnet(resnet_onnx, tmp_path_factory):
+    path, data = resnet_onnx
+    models = tmp_path_factory.mktemp("models")
+    out = prepare(str(path), models, data=data, log=quiet, progress=quiet)
+    return out, path
+
+
+def test_resnet_sites_only_between_residual_blocks(prepared_resnet):
+    out, _ = prepared_resnet
+    m = Manifest.load(out)
+    assert m.name == "resnetish" and m.classes == 5
+    assert m.inputs[0].name == "image" and m.inputs[0].shape == [3, 16, 16]
+    tensors = [s["tensor"] for s in m.meta["sites"]]
+    # stem + the first three residual blocks (the last one only feeds the head)
+    assert len(tensors) == 4
+    assert "stem" in tensors[0]
+    assert all("Relu" in t and f"blocks.{k}" in t for k, t in enumerate(tensors[1:])), tensors
+    assert [r.site for r in m.ramps] == tensors and m.num_blocks == 5
+    assert (out / "sites.txt").read_text().count("inside a skip connection") >= 6
+
+
+def test_stage_outputs_match_unsplit_model(prepared_resnet):
+    out, path = prepared_resnet
+    m = Manifest.load(out)
+    x = {"image": _images(5, 9)}
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, x)[0]
+    whole, ramp_logits = StageRuntime(out, m, 0, m.num_blocks, device="cpu").run_all(x)
+    np.testing.assert_allclose(whole, ref, atol=1e-4)
+    assert sorted(ramp_logits) == [r.index for r in m.ramps]
+    # Two stages from block files, and a stage assembled into one graph, agree too.
+    mid, _ = StageRuntime(out, m, 0, 2, device="cpu").run_all(x)
+    tail, _ = StageRuntime(out, m, 2, m.num_blocks, device="cpu").run_all(mid)
+    np.testing.assert_allclose(tail, ref, atol=1e-4)
+    parts = [onnx.load(str(out / b.file)) for b in m.blocks]
+    merged = onnx_blocks.assemble(parts, 1, m.num_blocks)
+    first = StageRuntime(out, m, 0, 1, device="cpu").run_all(x)[0]
+    sess = ort.InferenceSession(merged.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {m.blocks[1].input_names[0]: first})[0], ref,
+                               atol=1e-4)
+
+
+def test_second_prepare_reuses_by_hash(prepared_resnet, resnet_onnx):
+    out, _ = prepared_resnet
+    path, data = resnet_onnx
+    logs: list[str] = []
+    before = Manifest.load(out).version
+    prepare(str(path), out.parent, data=data, log=logs.append, progress=quiet)
+    assert any(line.startswith("reusing resnetish") and before in line for line in logs)
+
+
+def test_torchscript_chain_cnn_gets_a_site_per_layer(tmp_path):
+    torch.manual_seed(0)
+    model = VGGish().eval()
+    ts = torch.jit.trace(model, torch.zeros(1, 3, 16, 16))
+    ts.save(str(tmp_path / "vgg.pt"))
+    np.savez(tmp_path / "data.npz", input=_images(400, 2))
+    out = prepare(str(tmp_path / "vgg.pt"), tmp_path / "models", data=tmp_path / "data.npz",
+                  log=quiet, progress=quiet)
+    m = Manifest.load(out)
+    assert len(m.meta["sites"]) == len(VGGish.CONVS_AT_SITES)  # one per conv layer
+    assert len(m.ramps) == len(VGGish.CONVS_AT_SITES)
+    x = {"input": _images(3, 5)}
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x["input"])).numpy()
+    y, _ = StageRuntime(out, m, 0, m.num_blocks, device="cpu").run_all(x)
+    np.testing.assert_allclose(y, ref, atol=1e-4)
+
+
+def test_sites_can_be_restricted(resnet_onnx, tmp_path):
+    path, data = resnet_onnx
+    out = prepare(str(path), tmp_path, data=data, log=quiet, progress=quiet,
+                  choice=SiteChoice(keep=("1", "3")), name="two")
+    m = Manifest.load(out)
+    assert m.name == "two" and len(m.ramps) == 2 and m.num_blocks == 3
+    sites = [s["tensor"] for s in m.meta["sites"]]
+    assert [r.site for r in m.ramps] == [sites[1], sites[3]]
+    with pytest.raises(SourceError, match="nosuch"):
+        prepare(str(path), tmp_path, data=data, log=quiet, progress=quiet,
+                choice=SiteChoice(keep=("nosuch",)), name="bad")
+
+
+def test_user_input_errors(resnet_onnx, tmp_path):
+    path, _ = resnet_onnx
+    with pytest.raises(SourceError, match="--data"):
+        prepare(str(path), tmp_path, log=quiet)
+    np.savez(tmp_path / "wrong.npz", pixels=_images(300, 0))
+    with pytest.raises(SourceError, match="lacks arrays for inputs"):
+        prepare(str(path), tmp_path, data=tmp_path / "wrong.npz", log=quiet)
+    np.savez(tmp_path / "shape.npz", image=np.zeros((300, 3, 8, 8), np.float32))
+    with pytest.raises(SourceError, match="per-sample shape"):
+        prepare(str(path), tmp_path, data=tmp_path / "shape.npz", log=quiet)
+    np.savez(tmp_path / "few.npz", image=_images(20, 0))
+    with pytest.raises(SourceError, match="at least 200"):
+        prepare(str(path), tmp_path, data=tmp_path / "few.npz", log=quiet)
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    with pytest.raises(SourceError, match="not an ONNX model"):
+        prepare(str(tmp_path / "junk.onnx"), tmp_path, data=tmp_path / "few.npz", log=quiet)
+    with pytest.raises(SourceError, match="does not exist"):
+        prepare(str(tmp_path / "missing.onnx"), tmp_path, log=quiet)
+
+
+def test_cli_json_report(resnet_onnx, tmp_path):
+    path, data = resnet_onnx
+    out = tmp_path / "sites.json"
+    env_home = tmp_path / "home"
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", "prepare", str(path), "--data", str(data),
+         "--models-dir", str(tmp_path / "models"), "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+        env={**__import__("os").environ, "OFFRAMP_HOME": str(env_home)})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["model"] == "resnetish"
+    assert [s["index"] for s in report["sites"]] == sorted(s["index"] for s in report["sites"])
+    assert {"tensor", "index"} <= set(report["sites"][0])
+    for r in report["ramps"]:
+        assert {"site", "agreement", "cost_ms", "params"} <= set(r)
+        assert 0 <= r["site"] < len(report["sites"]) and r["params"] > 0
+    assert "feasible ramp sites" in proc.stderr  # the table
+    # recorded in the store under OFFRAMP_HOME
+    assert (env_home / "offramp.db").exists() or any(env_home.glob("*.db"))

@@ -37,7 +37,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                      log_dir=Path(args.log_dir) if args.log_dir else None)
     stop = {"now": False}
 
-    def on_signal(signum, frame):  # noqa: ARG001
+    def on_signal(signum, frame):
         stop["now"] = True
 
     signal.signal(signal.SIGINT, on_signal)
@@ -144,12 +144,19 @@ def cmd_infer(args: argparse.Namespace) -> int:
     from services.common.client import InferError, infer
 
     cfg = config_mod.load()
+    labels: list[str] | None = None
     if args.input:
         arr = np.load(args.input)
         inputs = dict(arr) if hasattr(arr, "files") else {args.input_name or "x": arr}
         if args.input_name is None and not hasattr(arr, "files"):
             from services.models.manifest import Manifest
             inputs = {Manifest.load(cfg.models_dir / args.model).inputs[0].name: arr}
+    elif args.text is not None:
+        if args.model != "minilm-topics":
+            raise SystemExit("--text needs a text model (minilm-topics)")
+        from services.models.minilm_topics import CATEGORIES, encode_texts
+        inputs = {k: v[0] for k, v in encode_texts([args.text]).items()}
+        labels = list(CATEGORIES)
     else:
         from services.models.zoo import sample_inputs
         inputs = {k: v[0] for k, v in sample_inputs(args.model, 1, seed=args.seed).items()}
@@ -164,6 +171,8 @@ def cmd_infer(args: argparse.Namespace) -> int:
         finally:
             await nc.close()
         reply.pop("outputs", None)
+        if labels is not None:
+            reply["label_name"] = labels[reply["label"]]
         print(json.dumps(reply))
         return 0
 
@@ -259,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     inf.add_argument("model")
     inf.add_argument("--input", help=".npy (one sample) or .npz (one array per input name)")
     inf.add_argument("--input-name")
+    inf.add_argument("--text", help="a text for minilm-topics (tokenised client-side)")
     inf.add_argument("--seed", type=int, default=0, help="sample input seed when --input is absent")
     inf.add_argument("--slo-ms", type=float)
     inf.set_defaults(fn=cmd_infer)

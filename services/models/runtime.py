@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,14 @@ def session_options(threads: int = 0) -> ort.SessionOptions:
     return so
 
 
+def block_ranges(first: int, last: int, cut_after: set[int]) -> list[tuple[int, int]]:
+    """Blocks [first, last) as contiguous ranges ending after every block in ``cut_after``
+    (the blocks followed by an active ramp): each range runs as one session."""
+    cuts = sorted(b + 1 for b in cut_after if first <= b < last - 1)
+    bounds = [first, *cuts, last]
+    return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
 class StageRuntime:
     """Blocks [first_block, last_block) and the ramps after them, one session each."""
 
@@ -77,6 +86,9 @@ class StageRuntime:
             return ort.InferenceSession(str(self.model_dir / file), so, providers=wanted)
 
         self._blocks = {b.index: load(b.file) for b in manifest.blocks[first_block:last_block]}
+        self._so, self._providers = so, wanted
+        self._merged: dict[tuple[int, int], ort.InferenceSession] = {}
+        self._merge_lock = threading.Lock()
         self.ramps = manifest.ramps_in(first_block, last_block)
         self._ramps = {r.index: load(r.file) for r in self.ramps}
         self._in_dtypes = {t.name: np.dtype(t.dtype) for t in manifest.inputs}
@@ -112,6 +124,51 @@ class StageRuntime:
 
     def _model_input(self, name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return np.ascontiguousarray(inputs[name], dtype=self._in_dtypes.get(name, np.float32))
+
+    def run_range(self, start: int, end: int, x: dict[str, np.ndarray] | np.ndarray,
+                  model_inputs: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """Blocks [start, end) as one ONNX Runtime session: a stage runs the blocks between
+        two active ramps in one call instead of one call per block (each call costs tens of
+        microseconds, and ORT optimises across the merged graph)."""
+        if end - start == 1:
+            return self.run_block(start, x, model_inputs)
+        sess = self.merged(start, end)
+        if isinstance(x, dict):
+            model_inputs = x if model_inputs is None else model_inputs
+        feeds = {}
+        for i in sess.get_inputs():
+            if i.name in self._in_dtypes:
+                if model_inputs is None or i.name not in model_inputs:
+                    raise ValueError(f"blocks {start}..{end - 1} read model input {i.name!r}")
+                feeds[i.name] = self._model_input(i.name, model_inputs)
+            else:
+                act = x["x"] if isinstance(x, dict) else x
+                feeds[i.name] = np.ascontiguousarray(act, dtype=np.float32)
+        return sess.run(None, feeds)[0]
+
+    def merged(self, start: int, end: int) -> ort.InferenceSession:
+        """The session for blocks [start, end), assembled from the block files on first use
+        (thread-safe: a worker warms the ranges of a new exit config in a thread)."""
+        key = (start, end)
+        if key not in self._merged:
+            with self._merge_lock:
+                if key not in self._merged:
+                    import onnx
+
+                    from services.models.onnx_blocks import assemble
+
+                    parts = [onnx.load(str(self.model_dir / b.file))
+                             for b in self.manifest.blocks[start:end]]
+                    model = assemble(parts, 0, len(parts))
+                    self._merged[key] = ort.InferenceSession(
+                        model.SerializeToString(), self._so, providers=self._providers)
+        return self._merged[key]
+
+    def warm(self, active_after: set[int]) -> None:
+        """Build the merged sessions an exit config will need, before it is applied."""
+        for a, b in block_ranges(self.first_block, self.last_block, active_after):
+            if b - a > 1:
+                self.merged(a, b)
 
     def run_ramp(self, r: int, x: np.ndarray) -> np.ndarray:
         """Logits of ramp ``r`` on the output of its block."""

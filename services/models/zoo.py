@@ -5,7 +5,7 @@ Kept light to import: torch-based builders load only when a model is built.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,8 +94,95 @@ def _tiny_bootstrap(n: int, seed: int) -> Batches:
         yield {"x": chunk}, np.arange(start, start + len(chunk)) // 50
 
 
-ZOO: dict[str, ModelSpec] = {
-    "efficientnet-lite0": ModelSpec(
+# --- minilm-topics ----------------------------------------------------------------------
+
+
+def _minilm_build() -> Built:
+    import torch
+
+    from services.models import minilm_topics as mt
+
+    model = mt.build_model()
+    zeros = torch.zeros(1, mt.SEQ_LEN, dtype=torch.int64)
+    return Built(model, {"input_ids": zeros, "attention_mask": torch.ones_like(zeros)})
+
+
+def _minilm_sample(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    from services.models import minilm_topics as mt
+
+    return mt.sample_inputs(n, seed)
+
+
+def _minilm_bootstrap(n: int, seed: int) -> Batches:
+    from services.models import minilm_topics as mt
+
+    return mt.bootstrap(n, seed)
+
+
+def _minilm_spec() -> ModelSpec:
+    from services.models import minilm_topics as mt  # light: no torch at import
+
+    return ModelSpec(
+        name="minilm-topics",
+        kind="classifier",
+        description=f"MiniLM-L6 BERT (pretrained, PyPI) + a topic head trained on Debian "
+                    f"fortunes, {mt.CLASSES} topics, {mt.SEQ_LEN} tokens",
+        inputs=(TensorSpec("input_ids", "<i8", [mt.SEQ_LEN]),
+                TensorSpec("attention_mask", "<i8", [mt.SEQ_LEN])),
+        outputs=(TensorSpec("logits", "<f4", [mt.CLASSES]),),
+        classes=mt.CLASSES,
+        build=_minilm_build,
+        sample_inputs=_minilm_sample,
+        bootstrap=_minilm_bootstrap,
+        bootstrap_n=4000,  # capped at the training split (about 3,000 quotes)
+        pool="mean",
+        recipe=f"mean_fc;{mt.HEAD_RECIPE}",
+    )
+
+
+# --- chain-cnn --------------------------------------------------------------------------
+
+
+def _chain_build() -> Built:
+    import torch
+
+    from services.models import chain_cnn
+
+    return Built(chain_cnn.build_model(), {"image": torch.zeros(1, *chain_cnn.IMAGE_SHAPE)})
+
+
+def _chain_sample(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    from services.models import chain_cnn
+
+    return chain_cnn.sample_inputs(n, seed)
+
+
+def _chain_bootstrap(n: int, seed: int) -> Batches:
+    from services.models import chain_cnn
+
+    return chain_cnn.bootstrap(n, seed)
+
+
+def _chain_spec() -> ModelSpec:
+    from services.models import chain_cnn
+
+    return ModelSpec(
+        name="chain-cnn",
+        kind="classifier",
+        description=chain_cnn.DESCRIPTION,
+        inputs=(TensorSpec("image", "<f4", list(chain_cnn.IMAGE_SHAPE)),),
+        outputs=(TensorSpec("logits", "<f4", [chain_cnn.CLASSES]),),
+        classes=chain_cnn.CLASSES,
+        build=_chain_build,
+        sample_inputs=_chain_sample,
+        bootstrap=_chain_bootstrap,
+        bootstrap_n=4000,
+        recipe=f"gap_fc;{chain_cnn.RECIPE.digest()}",
+    )
+
+
+_FACTORIES: dict[str, Callable[[], ModelSpec]] = {
+    "efficientnet-lite0": lambda: ModelSpec(
         name="efficientnet-lite0",
         kind="classifier",
         description="EfficientNet-Lite0, ImageNet-1k, 4.65 M params",
@@ -108,7 +195,7 @@ ZOO: dict[str, ModelSpec] = {
         bootstrap_n=4000,
         recipe="gap_fc;video-frames",
     ),
-    "tiny": ModelSpec(
+    "tiny": lambda: ModelSpec(
         name="tiny",
         kind="classifier",
         description="MLP 16 -> 32 x4 -> 10 for overhead tests",
@@ -122,7 +209,34 @@ ZOO: dict[str, ModelSpec] = {
         ramp_steps=150,
         recipe="mlp16-32x4-10;fc",
     ),
+    "minilm-topics": _minilm_spec,
+    "chain-cnn": _chain_spec,
 }
+
+
+
+
+class _Zoo(Mapping[str, ModelSpec]):
+    """Model names are known up front; a spec is built on first use, so listing the zoo
+    (the CLI, the router) never imports torch or a model's own modules."""
+
+    def __init__(self, factories: dict[str, Callable[[], ModelSpec]]) -> None:
+        self._factories = factories
+        self._built: dict[str, ModelSpec] = {}
+
+    def __getitem__(self, name: str) -> ModelSpec:
+        if name not in self._built:
+            self._built[name] = self._factories[name]()
+        return self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._factories)
+
+    def __len__(self) -> int:
+        return len(self._factories)
+
+
+ZOO = _Zoo(_FACTORIES)
 
 
 def get_spec(name: str) -> ModelSpec:

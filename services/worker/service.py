@@ -103,8 +103,19 @@ class Worker:
         except Exception as exc:  # noqa: BLE001
             self.log.error("bad exit config: %r", exc)
             return
-        if config.model == self.plan.model and config.version > self.config.version:
+        if config.model != self.plan.model or config.version <= self._newest_version():
+            return
+        # Build the merged block sessions the new active set needs before it is applied,
+        # off the event loop, so no batch waits for session creation.
+        await self.loop.run_in_executor(None, self.runtime.warm, self.cut_after(config))
+        if config.version > self._newest_version():
             self.next_config = config  # swapped in between batches, never mid-batch
+
+    def _newest_version(self) -> int:
+        return max(self.config.version, self.next_config.version if self.next_config else -1)
+
+    def cut_after(self, config: ExitConfig) -> set[int]:
+        return {r.after_block for r in self.ramps if r.index in config.active}
 
     def _publish_threadsafe(self, subject: str, data: bytes) -> None:
         # One outbox keeps publishes in order: an early result always precedes its final.
@@ -263,6 +274,7 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
     row = await asyncio.to_thread(store.latest_exit_config, model)
     if row is not None:
         worker.config = ExitConfig(model, row.version, row.mode, dict(row.thresholds), list(row.active))
+    await asyncio.to_thread(runtime.warm, worker.cut_after(worker.config))
     await nc.subscribe(subjects.exit_config(model), cb=worker.on_config)
     if stage == 0:
         await nc.subscribe(subjects.work(worker.id), cb=worker.on_batch)

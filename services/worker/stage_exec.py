@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from schemas.messages import ExitConfig
+from services.models.runtime import block_ranges
 from services.worker.exits import exits_at, ramp_outcome
 
 # on_early(ramp, sample_indices, labels, scores, logits) for samples that exit at ``ramp``
@@ -38,10 +39,12 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
         model_inputs = x
     t0 = time.perf_counter()
     ids, preds, scores = list(ramp_ids or []), list(ramp_pred or []), list(ramp_score or [])
-    for b in range(first, last):
-        x = runtime.run_block(b, x, model_inputs)
-        for ramp in ramps:
-            if ramp.after_block != b or ramp.index not in config.active:
+    active = [r for r in ramps if r.index in config.active]
+    for start, end in block_ranges(first, last, {r.after_block for r in active}):
+        x = runtime.run_range(start, end, x, model_inputs)
+        b = end - 1
+        for ramp in active:
+            if ramp.after_block != b:
                 continue
             logits = runtime.run_ramp(ramp.index, x)
             labels, score = ramp_outcome(logits, config.score)

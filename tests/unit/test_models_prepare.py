@@ -80,7 +80,7 @@ def test_force_rebuilds(tmp_path):
 
 
 def test_unknown_model(tmp_path):
-    with pytest.raises(ValueError, match="efficientnet-lite0, tiny"):
+    with pytest.raises(ValueError, match="known models: chain-cnn, efficientnet-lite0, minilm-topics, tiny"):
         prepare("resnet-9000", tmp_path, log=quiet)
     with pytest.raises(ValueError):
         sample_inputs("resnet-9000", 1)

@@ -19,7 +19,7 @@ from services.models.manifest import Manifest
 from services.models.prepare import SiteChoice, prepare
 from services.models.runtime import StageRuntime
 from services.models.source import SourceError
-from tests.unit.test_model_sites import ResNetish, VGGish
+from tests.unit.test_model_sites import ResNetish, VGGish, bert_onnx
 
 
 def quiet(_msg: str) -> None:
@@ -167,3 +167,27 @@ def test_cli_json_report(resnet_onnx, tmp_path):
     assert "feasible ramp sites" in proc.stderr  # the table
     # recorded in the store under OFFRAMP_HOME
     assert (env_home / "offramp.db").exists() or any(env_home.glob("*.db"))
+
+
+def test_two_input_transformer_stages_carry_the_mask(tmp_path):
+    """Blocks after the first read the attention mask too: a later stage gets it as a model
+    input (what workers pass along as ``carry``) and the split still equals the model."""
+    path = tmp_path / "tinybert.onnx"
+    path.write_bytes(bert_onnx().SerializeToString())
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 50, (300, 8)).astype(np.int64)
+    mask = (np.arange(8)[None, :] < rng.integers(2, 9, (300, 1))).astype(np.int64)
+    np.savez(tmp_path / "data.npz", ids=ids, mask=mask)
+    out = prepare(str(path), tmp_path / "models", data=tmp_path / "data.npz", log=quiet,
+                  progress=quiet)
+    m = Manifest.load(out)
+    assert [t.name for t in m.inputs] == ["ids", "mask"] and m.inputs[0].dtype == "<i8"
+    assert len(m.ramps) == 5 and all(r.arch == "mean_fc" for r in m.ramps)
+    assert m.model_inputs_of(1, m.num_blocks) == ["mask"]  # what stage 0 carries on
+    x = {"ids": ids[:4], "mask": mask[:4]}
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, x)[0]
+    mid, _ = StageRuntime(out, m, 0, 2, device="cpu").run_all(x)
+    tail, _ = StageRuntime(out, m, 2, m.num_blocks, device="cpu").run_all(mid, {"mask": mask[:4]})
+    np.testing.assert_allclose(tail, ref, atol=1e-4)
+    with pytest.raises(ValueError, match="mask"):
+        StageRuntime(out, m, 2, m.num_blocks, device="cpu").run_all(mid)

@@ -163,3 +163,18 @@ def add_outputs(model: onnx.ModelProto, tensors: list[str]) -> onnx.ModelProto:
         have.add(name)
     onnx.checker.check_model(out)
     return out
+
+
+def with_head(model: onnx.ModelProto, head: onnx.ModelProto, prefix: str) -> onnx.ModelProto:
+    """``model`` whose (first) output also feeds ``head``: outputs [activation, head
+    logits]. One graph, so a ramp costs its own arithmetic and no extra runtime call.
+    The head's names get ``prefix`` so they cannot clash with the model's."""
+    act = model.graph.output[0].name
+    head = onnx.compose.add_prefix(head, prefix)
+    if head.ir_version != model.ir_version:
+        head.ir_version = model.ir_version
+    merged = onnx.compose.merge_models(
+        model, head, io_map=[(act, head.graph.input[0].name)],
+        outputs=[act, head.graph.output[0].name])
+    onnx.checker.check_model(merged)
+    return merged

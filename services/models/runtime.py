@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from pathlib import Path
@@ -55,7 +56,7 @@ def block_ranges(first: int, last: int, cut_after: set[int]) -> list[tuple[int, 
     (the blocks followed by an active ramp): each range runs as one session."""
     cuts = sorted(b + 1 for b in cut_after if first <= b < last - 1)
     bounds = [first, *cuts, last]
-    return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
 
 class StageRuntime:
@@ -126,13 +127,17 @@ class StageRuntime:
         return np.ascontiguousarray(inputs[name], dtype=self._in_dtypes.get(name, np.float32))
 
     def run_range(self, start: int, end: int, x: dict[str, np.ndarray] | np.ndarray,
-                  model_inputs: dict[str, np.ndarray] | None = None) -> np.ndarray:
-        """Blocks [start, end) as one ONNX Runtime session: a stage runs the blocks between
-        two active ramps in one call instead of one call per block (each call costs tens of
-        microseconds, and ORT optimises across the merged graph)."""
-        if end - start == 1:
-            return self.run_block(start, x, model_inputs)
-        sess = self.merged(start, end)
+                  model_inputs: dict[str, np.ndarray] | None = None,
+                  ramp: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Blocks [start, end), plus the head of ``ramp`` (sited after block ``end - 1``),
+        as one ONNX Runtime call: (activation, ramp logits or None).
+
+        A stage runs the blocks between two active ramps in one call instead of one per
+        block, and the ramp head rides along in the same graph: each call costs tens of
+        microseconds, which on a small model would cost more than the ramp itself."""
+        if end - start == 1 and ramp is None:
+            return self.run_block(start, x, model_inputs), None
+        sess = self.merged(start, end, ramp)
         if isinstance(x, dict):
             model_inputs = x if model_inputs is None else model_inputs
         feeds = {}
@@ -144,31 +149,46 @@ class StageRuntime:
             else:
                 act = x["x"] if isinstance(x, dict) else x
                 feeds[i.name] = np.ascontiguousarray(act, dtype=np.float32)
-        return sess.run(None, feeds)[0]
+        out = sess.run(None, feeds)
+        if ramp is None:
+            return out[0], None
+        if len(out) == 1:  # the head could not be fused (see merged): run it on its own
+            return out[0], self.run_ramp(ramp, out[0])
+        return out[0], out[1]
 
-    def merged(self, start: int, end: int) -> ort.InferenceSession:
-        """The session for blocks [start, end), assembled from the block files on first use
-        (thread-safe: a worker warms the ranges of a new exit config in a thread)."""
-        key = (start, end)
+    def merged(self, start: int, end: int, ramp: int | None = None) -> ort.InferenceSession:
+        """The session for blocks [start, end) (+ a fused ramp head), assembled from the
+        block files on first use (thread-safe: a worker warms a new config's ranges in a
+        thread)."""
+        key = (start, end, ramp)
         if key not in self._merged:
             with self._merge_lock:
                 if key not in self._merged:
-                    import onnx
-
-                    from services.models.onnx_blocks import assemble
-
-                    parts = [onnx.load(str(self.model_dir / b.file))
-                             for b in self.manifest.blocks[start:end]]
-                    model = assemble(parts, 0, len(parts))
                     self._merged[key] = ort.InferenceSession(
-                        model.SerializeToString(), self._so, providers=self._providers)
+                        self._assemble(start, end, ramp).SerializeToString(), self._so,
+                        providers=self._providers)
         return self._merged[key]
 
-    def warm(self, active_after: set[int]) -> None:
-        """Build the merged sessions an exit config will need, before it is applied."""
-        for a, b in block_ranges(self.first_block, self.last_block, active_after):
-            if b - a > 1:
-                self.merged(a, b)
+    def _assemble(self, start: int, end: int, ramp: int | None):
+        import onnx
+
+        from services.models.onnx_blocks import assemble, with_head
+
+        parts = [onnx.load(str(self.model_dir / b.file)) for b in self.manifest.blocks[start:end]]
+        model = assemble(parts, 0, len(parts))
+        if ramp is None:
+            return model
+        head = onnx.load(str(self.model_dir / self.manifest.ramp(ramp).file))
+        try:
+            return with_head(model, head, f"ramp{ramp}/")
+        except Exception:  # noqa: BLE001 - e.g. opset mismatch in a user's model: run apart
+            return model
+
+    def warm(self, ramp_after: dict[int, int]) -> None:
+        """Build the sessions an exit config needs (``ramp_after``: block -> active ramp
+        sited after it) before it is applied."""
+        for a, b in block_ranges(self.first_block, self.last_block, set(ramp_after)):
+            self.merged(a, b, ramp_after.get(b - 1))
 
     def run_ramp(self, r: int, x: np.ndarray) -> np.ndarray:
         """Logits of ramp ``r`` on the output of its block."""

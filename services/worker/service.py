@@ -114,8 +114,13 @@ class Worker:
     def _newest_version(self) -> int:
         return max(self.config.version, self.next_config.version if self.next_config else -1)
 
-    def cut_after(self, config: ExitConfig) -> set[int]:
-        return {r.after_block for r in self.ramps if r.index in config.active}
+    def cut_after(self, config: ExitConfig) -> dict[int, int]:
+        """Block -> the (first) active ramp sited after it, for this stage."""
+        out: dict[int, int] = {}
+        for r in self.ramps:
+            if r.index in config.active:
+                out.setdefault(r.after_block, r.index)
+        return out
 
     def _publish_threadsafe(self, subject: str, data: bytes) -> None:
         # One outbox keeps publishes in order: an early result always precedes its final.

@@ -41,12 +41,11 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
     ids, preds, scores = list(ramp_ids or []), list(ramp_pred or []), list(ramp_score or [])
     active = [r for r in ramps if r.index in config.active]
     for start, end in block_ranges(first, last, {r.after_block for r in active}):
-        x = runtime.run_range(start, end, x, model_inputs)
-        b = end - 1
-        for ramp in active:
-            if ramp.after_block != b:
-                continue
-            logits = runtime.run_ramp(ramp.index, x)
+        here = [r for r in active if r.after_block == end - 1]
+        x, fused = runtime.run_range(start, end, x, model_inputs,
+                                     here[0].index if here else None)
+        for k, ramp in enumerate(here):
+            logits = fused if k == 0 else runtime.run_ramp(ramp.index, x)
             labels, score = ramp_outcome(logits, config.score)
             ids.append(ramp.index)
             preds.append(labels)

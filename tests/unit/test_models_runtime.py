@@ -80,3 +80,19 @@ def test_bad_block_range(tiny_dir):
         StageRuntime(tiny_dir, m, 2, 2)
     with pytest.raises(ValueError):
         StageRuntime(tiny_dir, m, 0, m.num_blocks + 1)
+
+
+def test_fused_ranges_match_block_by_block(tiny_dir):
+    """A range of blocks run as one session, with a ramp head fused in, gives the same
+    activation and ramp logits as one call per block and a separate ramp call."""
+    m = Manifest.load(tiny_dir)
+    rt = StageRuntime(tiny_dir, m, 0, m.num_blocks, device="cpu")
+    x = sample_inputs("tiny", 7, seed=3)
+    a1 = rt.run_block(1, rt.run_block(0, x))
+    act, logits = rt.run_range(0, 2, x, None, ramp=1)
+    np.testing.assert_allclose(act, a1, atol=1e-5)
+    np.testing.assert_allclose(logits, rt.run_ramp(1, a1), atol=1e-5)
+    act2, none = rt.run_range(2, m.num_blocks, a1)
+    assert none is None
+    np.testing.assert_allclose(act2, rt.run_all(x)[0], atol=1e-5)
+    assert len(rt.merged(0, 2, 1).get_outputs()) == 2  # really one fused graph

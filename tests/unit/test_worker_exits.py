@@ -47,10 +47,10 @@ class FakeRuntime:
         x = x["x"] if isinstance(x, dict) else x
         return x + 1.0
 
-    def run_range(self, start, end, x, model_inputs=None):
+    def run_range(self, start, end, x, model_inputs=None, ramp=None):
         for b in range(start, end):
             x = self.run_block(b, x, model_inputs)
-        return x
+        return x, None if ramp is None else self.run_ramp(ramp, x)
 
     def run_ramp(self, r, x):
         logits = np.zeros((x.shape[0], 4), np.float32)

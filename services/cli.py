@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 from services.common import config as config_mod
 from services.common import logs
 
-SERVICES = ("router", "worker", "monitor")
+SERVICES = ("router", "worker", "monitor", "profiler")
 
 
 def _parse_cuts(values: list[str]) -> dict[str, list[int]]:
@@ -75,6 +76,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     elif args.service == "monitor":
         from services.monitor.service import serve
         run_service(lambda stop: serve(cfg, stop))
+    elif args.service == "profiler":
+        from services.profiler.service import serve_profiler
+        os.nice(10)  # measuring must never take CPU from serving on a small machine
+        run_service(lambda stop: serve_profiler(cfg, stop))
     else:
         from services.worker.service import serve
         if not args.model:
@@ -129,11 +134,16 @@ def _ramp_table(manifest, report: dict) -> str:
               f"{len(manifest.ramps)} ramps; full model {manifest.full_ms:.3f} ms at batch 1, "
               f"{manifest.base_params:,} params"),
              (f"  {'ramp':>4} {'site':>4}  {'tensor':<44} {'agreement':>9} {'cost ms':>8} "
-              f"{'cost %':>7} {'params %':>8}")]
+              f"{'% blocks':>8} {'% unsplit':>9} {'% @b16':>7} {'params %':>8}")]
     for r in report["ramps"]:
         lines.append(f"  {r['ramp']:>4} {r['site']:>4}  {r['tensor'][-44:]:<44} "
                      f"{r['agreement']:>9.3f} {r['cost_ms']:>8.4f} "
-                     f"{100 * (r['cost_share'] or 0):>6.2f}% {100 * (r['params_share'] or 0):>7.2f}%")
+                     f"{100 * (r['cost_share'] or 0):>7.2f}% "
+                     f"{100 * (r['cost_share_unsplit'] or 0):>8.2f}% "
+                     f"{100 * (r['cost_share_unsplit_b16'] or 0):>6.2f}% "
+                     f"{100 * (r['params_share'] or 0):>7.2f}%")
+    lines.append("  (% blocks: of the chained blocks at batch 1; % unsplit: of the unsplit model "
+                 "at batch 1; % @b16: the same at batch 16)")
     return "\n".join(lines)
 
 

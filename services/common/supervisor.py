@@ -112,7 +112,8 @@ class Supervisor:
         env_cfg["OFFRAMP_NATS_URL"] = self.url
         self.env = {**os.environ, **env_cfg}
         base = [sys.executable, "-m", "services.cli", "serve"]
-        self.children = [Child("router", base + ["router"]), Child("monitor", base + ["monitor"])]
+        self.children = [Child("router", base + ["router"]), Child("monitor", base + ["monitor"]),
+                         Child("profiler", base + ["profiler"])]
         for model in self.deployment.models:
             cuts = self.deployment.cuts.get(model, [])
             for stage in range(len(cuts) + 1):

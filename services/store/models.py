@@ -84,6 +84,9 @@ class Ramp(Base):
     params: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     agreement: Mapped[float | None] = mapped_column(Float, nullable=True)
     cost_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tensor: Mapped[str | None] = mapped_column(Text, nullable=True)  # the graph tensor it reads
+    # batch size (JSON keys are strings) -> ms, as measured when the model was prepared
+    cost_by_batch: Mapped[dict[str, float] | None] = mapped_column(Json, nullable=True)
 
 
 class ExitConfig(Base):
@@ -151,3 +154,51 @@ class IngestedBatch(Base):
     __tablename__ = "ingested_batches"
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
     at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class LatencyProfile(Base):
+    """Median latency of one block, ramp or the whole model (idx -1) per batch size, as
+    measured by the profiler on one device class: what the optimizer plans with."""
+
+    __tablename__ = "latency_profiles"
+    __table_args__ = (
+        UniqueConstraint("model", "device", "kind", "idx", "batch_size"),
+        Index(None, "model", "device"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(Name)
+    device: Mapped[str] = mapped_column(String(128))  # device class: "cpu-2c", a GPU name
+    kind: Mapped[str] = mapped_column(String(16))  # 'block' | 'ramp' | 'full'
+    idx: Mapped[int] = mapped_column(Integer)  # block or ramp index; -1 for 'full'
+    batch_size: Mapped[int] = mapped_column(Integer)
+    ms: Mapped[float] = mapped_column(Float)  # median over `runs`
+    runs: Mapped[int] = mapped_column(Integer)
+    measured_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class RampUtility(Base):
+    """One ramp's utility in one ramp-adjustment round, and what the round did."""
+
+    __tablename__ = "ramp_utilities"
+    __table_args__ = (Index(None, "model", "at"),)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    model: Mapped[str] = mapped_column(Name)
+    round: Mapped[int] = mapped_column(Integer)  # adjustment round number
+    config_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    ramp: Mapped[int] = mapped_column(Integer)
+    exits: Mapped[int] = mapped_column(Integer)
+    saved_ms: Mapped[float] = mapped_column(Float)
+    added_ms: Mapped[float] = mapped_column(Float)
+    utility_ms: Mapped[float] = mapped_column(Float)  # saved - added
+    action: Mapped[str] = mapped_column(String(32))  # 'retune', 'add_earlier', 'keep', ...
+    at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class TunerState(Base):
+    """The tuner controller's serialised state per model, so a restarted tuner resumes."""
+
+    __tablename__ = "tuner_state"
+    model: Mapped[str] = mapped_column(Name, primary_key=True)
+    state: Mapped[dict[str, Any]] = mapped_column(Json)
+    config_version: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(DateTime)

@@ -23,20 +23,25 @@ from services.store.models import (
     ExitConfig,
     ExitProfile,
     IngestedBatch,
+    LatencyProfile,
     Model,
     Ramp,
+    RampUtility,
     Request,
+    TunerState,
     Worker,
 )
 from services.store.rows import (
     ExitConfigRow,
     artifact_rows,
     exit_config_row,
+    latency_row,
     opt,
     percentile,
     profile_row,
     ramp_rows,
     request_row,
+    utility_row,
 )
 
 T = TypeVar("T")
@@ -137,7 +142,8 @@ class Store:
         return {k: v for k, v in row._asdict().items() if k != "id"}
 
     def ramps(self, model: str) -> list[dict[str, Any]]:
-        """index, after_block, arch, params, agreement, cost_ms, file, sha256 by index."""
+        """index, after_block, arch, params, agreement, cost_ms, tensor, cost_by_batch (batch
+        size as a string -> ms), file, sha256; by index."""
         art = Artifact.__table__.alias("a")
         q = (
             select(
@@ -147,6 +153,8 @@ class Store:
                 Ramp.params,
                 Ramp.agreement,
                 Ramp.cost_ms,
+                Ramp.tensor,
+                Ramp.cost_by_batch,
                 art.c.file,
                 art.c.sha256,
             )
@@ -160,7 +168,18 @@ class Store:
             .where(Model.name == model)
             .order_by(Ramp.idx)
         )
-        keys = ("index", "after_block", "arch", "params", "agreement", "cost_ms", "file", "sha256")
+        keys = (
+            "index",
+            "after_block",
+            "arch",
+            "params",
+            "agreement",
+            "cost_ms",
+            "tensor",
+            "cost_by_batch",
+            "file",
+            "sha256",
+        )
         with self.engine.connect() as conn:
             return [dict(zip(keys, row, strict=True)) for row in conn.execute(q)]
 
@@ -315,8 +334,7 @@ class Store:
     ) -> None:
         """Insert or refresh a worker (heartbeat). started_at resets when the process changed."""
         seen = naive_utc(last_seen)
-        ins = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
-        stmt = ins(Worker).values(
+        stmt = self._insert(Worker).values(
             worker_id=worker_id,
             model=model,
             stage=int(stage),
@@ -347,3 +365,77 @@ class Store:
             q = q.where(Worker.model == model)
         with self.engine.connect() as conn:
             return [row._asdict() for row in conn.execute(q)]
+
+    def _insert(self, table: Any) -> Any:
+        """The dialect's INSERT, which has ON CONFLICT (both back ends spell it alike)."""
+        return (postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert)(
+            table
+        )
+
+    # -- latency profiles ----------------------------------------------------------
+
+    def save_latency_profile(
+        self, model: str, device: str, rows: list[dict[str, Any]], replace: bool = False
+    ) -> int:
+        """Upsert rows {kind, idx, batch_size, ms, runs[, measured_at]} of `model` on device
+        class `device`; returns rows written. `replace` first forgets the rest of that
+        profile (a new model version may have other blocks and ramps)."""
+        now = utcnow()
+        keyed = {}
+        for r in rows:  # last wins: one statement may not update a row twice (PostgreSQL)
+            row = latency_row(model, device, r, now)
+            keyed[(row["kind"], row["idx"], row["batch_size"])] = row
+        stmt = self._insert(LatencyProfile)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["model", "device", "kind", "idx", "batch_size"],
+            set_={c: stmt.excluded[c] for c in ("ms", "runs", "measured_at")},
+        )
+        where = (LatencyProfile.model == model, LatencyProfile.device == device)
+        with self._writer.begin() as conn:
+            if replace:
+                conn.execute(delete(LatencyProfile).where(*where))
+            if keyed:
+                conn.execute(stmt, list(keyed.values()))
+        return len(keyed)
+
+    def latency_profile(self, model: str, device: str) -> list[dict[str, Any]]:
+        """kind, idx, batch_size, ms, runs, measured_at; by kind, idx and batch size."""
+        p = LatencyProfile
+        q = (
+            select(p.kind, p.idx, p.batch_size, p.ms, p.runs, p.measured_at)
+            .where(p.model == model, p.device == device)
+            .order_by(p.kind, p.idx, p.batch_size)
+        )
+        with self.engine.connect() as conn:
+            return [row._asdict() for row in conn.execute(q)]
+
+    # -- ramp adjustment -----------------------------------------------------------
+
+    def add_ramp_utilities(self, rows: list[dict[str, Any]]) -> int:
+        """Insert per-ramp utilities of adjustment rounds {model, round, ramp, exits,
+        saved_ms, added_ms, utility_ms, action[, config_version, at]}; returns rows inserted."""
+        now = utcnow()
+        values = [utility_row(r, now) for r in rows]
+        if values:
+            with self._writer.begin() as conn:
+                conn.execute(insert(RampUtility), values)
+        return len(values)
+
+    def save_tuner_state(self, model: str, state: dict[str, Any], config_version: int) -> None:
+        """Insert or replace the tuner's serialised state of `model` (must be JSON-able)."""
+        state = json.loads(json.dumps(state))  # fail here, not halfway through a commit
+        stmt = self._insert(TunerState).values(
+            model=model, state=state, config_version=int(config_version), updated_at=utcnow()
+        )
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[TunerState.model],
+            set_={c: stmt.excluded[c] for c in ("state", "config_version", "updated_at")},
+        )
+        with self._writer.begin() as conn:
+            conn.execute(stmt)
+
+    def tuner_state(self, model: str) -> dict[str, Any] | None:
+        """{model, state, config_version, updated_at}, or None when never saved."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(TunerState).where(TunerState.model == model)).one_or_none()
+        return None if row is None else row._asdict()

@@ -113,6 +113,50 @@ def ramp_rows(model_id: int, ramps: Iterable[dict[str, Any]]) -> list[dict[str, 
             "params": opt(int, r.get("params")),
             "agreement": opt(float, r.get("agreement")),
             "cost_ms": opt(float, r.get("cost_ms")),
+            # The manifest calls the graph tensor a ramp reads its "site"; older ones lack it.
+            "tensor": r.get("site") or None,
+            "cost_by_batch": _costs(r.get("cost_by_batch")),
         }
         for r in ramps
     ]
+
+
+def _costs(by_batch: dict[Any, Any] | None) -> dict[str, float] | None:
+    """Batch size -> ms with string keys (what a JSON column hands back anyway)."""
+    if not by_batch:
+        return None
+    return {str(int(b)): float(ms) for b, ms in sorted(by_batch.items(), key=lambda kv: int(kv[0]))}
+
+
+LATENCY_KINDS = ("block", "ramp", "full")
+
+
+def latency_row(model: str, device: str, r: dict[str, Any], now: datetime) -> dict[str, Any]:
+    kind = str(r["kind"])
+    if kind not in LATENCY_KINDS:
+        raise ValueError(f"latency profile kind must be one of {LATENCY_KINDS}, got {kind!r}")
+    return {
+        "model": model,
+        "device": device,
+        "kind": kind,
+        "idx": -1 if kind == "full" else int(r["idx"]),
+        "batch_size": int(r["batch_size"]),
+        "ms": float(r["ms"]),
+        "runs": int(r["runs"]),
+        "measured_at": naive_utc(r["measured_at"]) if r.get("measured_at") else now,
+    }
+
+
+def utility_row(r: dict[str, Any], now: datetime) -> dict[str, Any]:
+    return {
+        "model": r["model"],
+        "round": int(r["round"]),
+        "config_version": opt(int, r.get("config_version")),
+        "ramp": int(r["ramp"]),
+        "exits": int(r["exits"]),
+        "saved_ms": float(r["saved_ms"]),
+        "added_ms": float(r["added_ms"]),
+        "utility_ms": float(r["utility_ms"]),
+        "action": str(r["action"]),
+        "at": naive_utc(r["at"]) if r.get("at") else now,
+    }

@@ -26,6 +26,9 @@ TABLES = {
     "requests",
     "workers",
     "ingested_batches",
+    "latency_profiles",
+    "ramp_utilities",
+    "tuner_state",
 }
 
 
@@ -47,7 +50,7 @@ def test_upgrade_creates_tables_and_indexes(url: str) -> None:
     assert migrate.current(url) is None
     migrate.upgrade(url)
     assert _tables(url) == TABLES
-    assert migrate.current(url) == migrate.head() == "0001_initial"
+    assert migrate.current(url) == migrate.head() == "0002_tuning"
     engine = make_engine(url)
     try:
         insp = inspect(engine)
@@ -55,13 +58,15 @@ def test_upgrade_creates_tables_and_indexes(url: str) -> None:
         assert ("model", "received_at") in indexes["requests"]
         assert ("model", "window_end") in indexes["exit_profiles"]
         assert ("model", "created_at") in indexes["exit_configs"]
+        assert ("model", "device") in indexes["latency_profiles"]
+        assert ("model", "at") in indexes["ramp_utilities"]
     finally:
         engine.dispose()
 
 
 def test_downgrade_then_upgrade_again(url: str) -> None:
     migrate.upgrade(url)
-    migrate.downgrade(url)
+    migrate.downgrade(url, "base")
     assert _tables(url) == set()
     assert migrate.current(url) is None
     migrate.upgrade(url)

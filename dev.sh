@@ -27,8 +27,9 @@ setup() {
     echo "$want" > "$stamp"
   fi
   # Idempotent: reuses artifacts whose hashes match.
-  "$VENV/bin/offramp" prepare tiny >/dev/null
-  "$VENV/bin/offramp" prepare efficientnet-lite0 >/dev/null
+  for model in tiny efficientnet-lite0 chain-cnn minilm-topics; do
+    "$VENV/bin/offramp" prepare "$model" --no-store >/dev/null
+  done
 }
 
 cmd="${1:-}"

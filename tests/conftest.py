@@ -26,6 +26,16 @@ def models_dir() -> Path:
     return MODELS_DIR
 
 
+@pytest.fixture(scope="session")
+def zoo_dir(models_dir) -> Path:
+    """Every zoo model prepared (dev.sh prepares them all; idempotent)."""
+    from services.models.prepare import ZOO, prepare
+
+    for name in ZOO:
+        prepare(name, MODELS_DIR, log=lambda m: None)
+    return MODELS_DIR
+
+
 class Stack:
     """`offramp up` as a user runs it, with its own state folder and NATS server."""
 

@@ -229,6 +229,7 @@ def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, devi
         ramps[k] = replace(r, cost_ms=by_batch["1"], cost_by_batch=by_batch)
     manifest.full_ms = _median_ms(lambda: rt.run_all(one, one))
     unsplit_ms = _median_ms(lambda: full.run(None, one))
+    unsplit_by_batch = _costs(lambda b: full.run(None, _tile(one, b)), BATCH_SIZES)
     manifest.version = manifest.compute_version()
     manifest.meta = {
         "recipe": _fingerprint(src, n),
@@ -236,6 +237,7 @@ def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, devi
         "full_model_file": full_file,
         "full_model_sha256": full_digest,
         "unsplit_ms": unsplit_ms,
+        "unsplit_by_batch": unsplit_by_batch,
         "bootstrap_samples": len(feats.labels),
         "bootstrap_seed": BOOTSTRAP_SEED,
         "agreement_estimate": "5-fold cross-validation by scene/group",
@@ -265,6 +267,10 @@ def _fingerprint(src: ModelSource, n: int) -> str:
     return f"{RECIPE_VERSION}|{src.recipe}|n={n}|steps={src.ramp_steps}|max={src.max_ramps}"
 
 
+def _share(part: float | None, whole: float | None) -> float | None:
+    return round(part / whole, 5) if part is not None and whole else None
+
+
 def sites_json(manifest: Manifest) -> dict:
     """The ``--json`` report: feasible sites in execution order and the trained ramps."""
     sites = manifest.meta.get("sites", [])
@@ -276,6 +282,10 @@ def sites_json(manifest: Manifest) -> dict:
         "ramps": [{"site": by_tensor.get(r.site, -1), "tensor": r.site, "ramp": r.index,
                    "after_block": r.after_block, "agreement": r.agreement, "cost_ms": r.cost_ms,
                    "cost_share": round(r.cost_ms / manifest.full_ms, 5) if manifest.full_ms else None,
+                   "cost_share_unsplit": _share(r.cost_ms, manifest.meta.get("unsplit_ms")),
+                   "cost_share_unsplit_b16": _share(r.cost_by_batch.get("16"),
+                                                    (manifest.meta.get("unsplit_by_batch") or {})
+                                                    .get("16")),
                    "params": r.params,
                    "params_share": round(r.params / manifest.base_params, 5)
                    if manifest.base_params else None,

@@ -104,9 +104,9 @@ def test_find_sites_after_every_conv_layer_but_the_last(onnx_bytes):
     assert convs_before == list(range(1, cc.CONV_LAYERS))
     assert [s.op for s in report.sites] == ["MaxPool", "MaxPool", "Relu", "MaxPool", "Relu",
                                             "MaxPool", "Relu"]
-    assert [s.shape[1:] for s in report.sites] == [(8, 16, 16), (16, 8, 8), (32, 8, 8),
-                                                   (32, 4, 4), (64, 4, 4), (64, 2, 2),
-                                                   (64, 2, 2)]
+    assert [s.shape[1:] for s in report.sites] == [(16, 16, 16), (32, 8, 8), (64, 8, 8),
+                                                   (64, 4, 4), (128, 4, 4), (128, 2, 2),
+                                                   (128, 2, 2)]
     last_relu = [n for n in nodes if n.op_type == "Relu"][-1].output[0]
     why = {r.tensor: r.reason for r in report.rejected}
     assert why[last_relu].startswith("only the head remains")

@@ -130,6 +130,8 @@ class Batch:
     exit_at: np.ndarray | None = None
     stage_ms: list[float] = field(default_factory=list)
     carry: dict[str, np.ndarray] = field(default_factory=dict)  # model inputs later blocks read
+    replies: list[str] = field(default_factory=list)  # client reply subject per id ([] = via router)
+    ages_ms: list[float] = field(default_factory=list)  # per id: ms since the router admitted it
 
     def encode(self) -> bytes:
         return pack({"v": SCHEMA_VERSION, "batch_id": self.batch_id, "model": self.model,
@@ -137,7 +139,8 @@ class Batch:
                      "config_version": self.config_version, "inputs": self.inputs,
                      "ramp_ids": self.ramp_ids, "ramp_pred": self.ramp_pred,
                      "ramp_score": self.ramp_score, "exit_at": self.exit_at,
-                     "stage_ms": self.stage_ms, "carry": self.carry})
+                     "stage_ms": self.stage_ms, "carry": self.carry, "replies": self.replies,
+                     "ages_ms": self.ages_ms})
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> Batch:
@@ -148,7 +151,9 @@ class Batch:
                        ramp_ids=list(msg.get("ramp_ids") or []), ramp_pred=msg.get("ramp_pred"),
                        ramp_score=msg.get("ramp_score"), exit_at=msg.get("exit_at"),
                        stage_ms=list(msg.get("stage_ms") or []),
-                       carry=dict(msg.get("carry") or {}))
+                       carry=dict(msg.get("carry") or {}),
+                       replies=list(msg.get("replies") or []),
+                       ages_ms=[float(a) for a in msg.get("ages_ms") or []])
         except (KeyError, TypeError, ValueError) as exc:
             raise _bad(f"malformed batch: {exc!r}") from None
 
@@ -173,13 +178,14 @@ class Results:
     config_version: int
     release: bool = False
     error: dict[str, str] | None = None
+    direct: bool = False  # the worker already replied to these clients: record, don't reply
 
     def encode(self) -> bytes:
         return pack({"v": SCHEMA_VERSION, "batch_id": self.batch_id, "worker": self.worker,
                      "stage": self.stage, "ids": self.ids, "labels": self.labels,
                      "scores": self.scores, "exits": self.exits, "logits": self.logits,
                      "early": self.early, "config_version": self.config_version,
-                     "release": self.release, "error": self.error})
+                     "release": self.release, "error": self.error, "direct": self.direct})
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> Results:
@@ -187,7 +193,7 @@ class Results:
                    ids=list(msg["ids"]), labels=msg["labels"], scores=msg["scores"],
                    exits=msg["exits"], logits=msg.get("logits"), early=bool(msg["early"]),
                    config_version=int(msg["config_version"]), release=bool(msg.get("release")),
-                   error=msg.get("error"))
+                   error=msg.get("error"), direct=bool(msg.get("direct")))
 
 
 @dataclass(slots=True)

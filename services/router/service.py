@@ -168,11 +168,12 @@ class Router:
                     continue
                 entry.replied = True
                 latency = (now - entry.arrival) * 1e3
-                outputs = {} if res.logits is None else {"logits": res.logits[i]}
                 label, score, exit_ = int(res.labels[i]), float(res.scores[i]), int(res.exits[i])
-                await self.nc.publish(entry.reply, encode_reply(
-                    rid, entry.model, outputs, label, score, exit_, res.early, latency,
-                    res.config_version))
+                if not res.direct:  # else the worker has answered the client itself
+                    outputs = {} if res.logits is None else {"logits": res.logits[i]}
+                    await self.nc.publish(entry.reply, encode_reply(
+                        rid, entry.model, outputs, label, score, exit_, res.early, latency,
+                        res.config_version))
                 state = self.models[entry.model]
                 state.served += 1
                 state.early += int(res.early)
@@ -265,8 +266,12 @@ class Router:
         inputs = {n: np.stack([e.inputs[n] for e in batch]) for n in names}
         for e in batch:
             e.attempts += 1
+        # Workers answer clients directly (one hop less on every request); the router
+        # still learns of each answer from the Results message and records it.
         msg = Batch(batch_id=batch_id, model=model, stage=0, router=subjects.results(self.id),
-                    ids=[e.id for e in batch], config_version=0, inputs=inputs)
+                    ids=[e.id for e in batch], config_version=0, inputs=inputs,
+                    replies=[e.reply for e in batch],
+                    ages_ms=[(now - e.arrival) * 1e3 for e in batch])
         data = msg.encode()
         w = self.registry.workers[worker_id]
         w.inflight[batch_id] = Inflight(batch_id, worker_id, model, batch, now, len(batch))

@@ -22,7 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from schemas import subjects
-from schemas.messages import Batch, ExitConfig, Results, decode_map, encode_map
+from schemas.messages import Batch, ExitConfig, Results, decode_map, encode_map, encode_reply
 from services.common import bus, logs
 from services.common.config import Config
 from services.common.runtime import spawn
@@ -72,7 +72,7 @@ class Worker:
         self.carry = manifest.model_inputs_of(plan.last_block, manifest.num_blocks)
         self.config = initial_config(plan.model, initial_ramps(manifest))
         self.next_config: ExitConfig | None = None
-        self.queue: asyncio.Queue[Batch] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[Batch, float]] = asyncio.Queue()
         self.outbox: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
         self.loop = asyncio.get_running_loop()
         self.tasks: set[asyncio.Task] = set()
@@ -92,10 +92,11 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - malformed: nothing to answer, say so loudly
             self.log.error("dropping malformed batch: %r", exc)
             return
+        received = time.monotonic()
         if self.queue.empty() and not self.busy and self._is_inline(batch):
-            await self.process(batch)  # idle and trivial: no hand-off to the run task
+            await self.process(batch, received)  # idle and trivial: no hand-off to the run task
         else:
-            self.queue.put_nowait(batch)
+            self.queue.put_nowait((batch, received))
 
     async def on_config(self, msg: Msg) -> None:
         try:
@@ -144,12 +145,12 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await self.process(await self.queue.get())
+            await self.process(*await self.queue.get())
 
     def _is_inline(self, batch: Batch) -> bool:
         return self.stage_ms * len(batch.ids) < INLINE_COMPUTE_MS
 
-    async def process(self, batch: Batch) -> None:
+    async def process(self, batch: Batch, received: float) -> None:
         if self.next_config is not None:
             self.config, self.next_config = self.next_config, None
             self.log.info("exit config applied %s", logs.kv(version=self.config.version))
@@ -159,13 +160,13 @@ class Worker:
             if self.inline:
                 self.inline_out = []
                 try:
-                    self.compute(batch, self.config)
+                    self.compute(batch, self.config, received)
                 finally:
                     out, self.inline_out = self.inline_out, []
                     for subject, data in out:
                         await self._publish(subject, data)
             else:
-                await self.loop.run_in_executor(None, self.compute, batch, self.config)
+                await self.loop.run_in_executor(None, self.compute, batch, self.config, received)
         except Exception as exc:
             self.log.exception("batch failed batch=%s", batch.batch_id)
             await self._publish(batch.router, Results(
@@ -177,17 +178,15 @@ class Worker:
             self.busy = False
             self.batches += 1
 
-    def compute(self, batch: Batch, config: ExitConfig) -> None:
+    def compute(self, batch: Batch, config: ExitConfig, received: float) -> None:
         """Run this stage on one batch (called in a worker thread) and publish what it yields."""
         n = len(batch.ids)
         exit_at = (np.full(n, -1, dtype=np.int32) if batch.exit_at is None
                    else np.array(batch.exit_at, dtype=np.int32))
 
         def on_early(ramp: int, idx: np.ndarray, labels, scores, logits) -> None:
-            self._publish_threadsafe(batch.router, Results(
-                batch.batch_id, self.id, self.plan.stage, [batch.ids[i] for i in idx], labels,
-                scores, np.full(len(idx), ramp, dtype=np.int32), logits, True,
-                config.version).encode())
+            self._answer(batch, config, received, idx, labels, scores,
+                         np.full(len(idx), ramp, dtype=np.int32), logits, early=True)
 
         first = self.plan.stage == 0
         model_inputs = batch.inputs if first else batch.carry
@@ -201,10 +200,12 @@ class Worker:
         ramp_pred = np.stack(out.ramp_pred) if out.ramp_pred else np.zeros((0, n), np.int32)
         ramp_score = np.stack(out.ramp_score) if out.ramp_score else np.zeros((0, n), np.float32)
         if not self.plan.is_last:
+            waited = (time.monotonic() - received) * 1e3
             nxt = Batch(batch.batch_id, batch.model, self.plan.stage + 1, batch.router, batch.ids,
                         config.version, {"x": np.ascontiguousarray(out.output)}, out.ramp_ids,
                         ramp_pred, ramp_score, out.exit_at, stage_ms,
-                        {k: model_inputs[k] for k in self.carry}).encode()
+                        {k: model_inputs[k] for k in self.carry}, batch.replies,
+                        [a + waited for a in batch.ages_ms]).encode()
             if len(nxt) > self.nc.max_payload:
                 raise ValueError(f"activations after block {self.plan.last_block - 1} are "
                                  f"{len(nxt)} bytes, over the NATS max_payload of "
@@ -216,10 +217,9 @@ class Worker:
         logits = out.output
         labels, score = ramp_outcome(logits, config.score)
         rest = np.flatnonzero(out.exit_at < 0)
-        self._publish_threadsafe(batch.router, Results(
-            batch.batch_id, self.id, self.plan.stage, [batch.ids[i] for i in rest], labels[rest],
-            score[rest], np.full(len(rest), -1, dtype=np.int32), logits[rest], False,
-            config.version, release=self.plan.stage == 0).encode())
+        self._answer(batch, config, received, rest, labels[rest], score[rest],
+                     np.full(len(rest), -1, dtype=np.int32), logits[rest], early=False,
+                     release=self.plan.stage == 0)
         self._publish_threadsafe(subjects.telemetry_samples(self.plan.model), encode_map(
             model=self.plan.model, worker=self.id, batch_id=batch.batch_id,
             config_version=config.version, mode=config.mode, score=config.score,
@@ -227,6 +227,26 @@ class Worker:
             active=list(config.active), ids=batch.ids, ramp_ids=out.ramp_ids, ramp_pred=ramp_pred,
             ramp_score=ramp_score, exit_at=out.exit_at, final_pred=labels, final_score=score,
             batch_size=n, stage_ms=stage_ms, t=time.time()))
+
+    def _answer(self, batch: Batch, config: ExitConfig, received: float, idx: np.ndarray,
+                labels: np.ndarray, scores: np.ndarray, exits: np.ndarray, logits: np.ndarray,
+                early: bool, release: bool = False) -> None:
+        """Results for samples ``idx``: straight to each client when the router passed reply
+        subjects (saves a hop), and always to the router, which records them (and replies
+        itself only for batches without reply subjects)."""
+        ids = [batch.ids[i] for i in idx]
+        direct = len(batch.replies) == len(batch.ids) and len(batch.ages_ms) == len(batch.ids)
+        if direct:
+            waited = (time.monotonic() - received) * 1e3
+            for k, i in enumerate(idx):
+                self._publish_threadsafe(batch.replies[i], encode_reply(
+                    ids[k], batch.model, {"logits": logits[k]}, int(labels[k]), float(scores[k]),
+                    int(exits[k]), early, batch.ages_ms[i] + waited, config.version))
+        if ids or release:
+            self._publish_threadsafe(batch.router, Results(
+                batch.batch_id, self.id, self.plan.stage, ids, labels, scores, exits,
+                None if direct else logits, early, config.version, release=release,
+                direct=direct).encode())
 
     def _release(self, batch: Batch, config: ExitConfig) -> None:
         empty = np.zeros(0, dtype=np.int32)

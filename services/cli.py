@@ -233,6 +233,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.which == "overhead":
         from services.bench.overhead import run_overhead
         return run_overhead(args)
+    if args.which == "apparate":
+        from services.bench.apparate import run
+        return run(args)
     raise SystemExit(f"unknown benchmark {args.which!r}")
 
 
@@ -297,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(fn=cmd_demo)
 
     bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON")
-    bench.add_argument("which", choices=["overhead"])
+    bench.add_argument("which", choices=["overhead", "apparate"])
     bench.add_argument("--json", required=True, help="output file")
     bench.add_argument("--model", default="efficientnet-lite0")
     bench.add_argument("--trivial-model", default="tiny")
@@ -305,7 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--duration", type=float, default=8.0, help="seconds of sustained load")
     bench.add_argument("--concurrency", type=int, default=64,
                        help="requests in flight during the sustained phase")
+    from services.bench import apparate as bench_apparate
+    bench_apparate.add_arguments(bench)  # --trace, --plot, ... (--json is shared)
     bench.set_defaults(fn=cmd_bench)
+
+    from services.sim import trace_cli
+    tr = sub.add_parser("trace", help="record replay traces: offramp trace record ...")
+    trace_cli.add_arguments(tr)
+    tr.set_defaults(fn=trace_cli.run)
 
     db = sub.add_parser("db", help="store migrations")
     db.add_argument("action", choices=["upgrade", "downgrade", "current"])

@@ -136,6 +136,7 @@ def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, devi
     from services.models import ramps as rp
     from services.models.export import to_onnx
     from services.models.runtime import StageRuntime, pick_providers, session_options
+    from services.profiler.latency import device_class
 
     t0 = time.perf_counter()
     report = sites.find_sites(src.model)
@@ -250,6 +251,7 @@ def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, devi
         "ramp_sites": [ordinal[s.tensor] for s in chosen],
         "rejected": len(report.rejected),
         "providers": rt.providers,
+        "device_class": device_class(device, rt.providers),
         "threads": threads,
         "seconds": {
             "split": round(t1 - t0, 2),

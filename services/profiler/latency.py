@@ -148,8 +148,31 @@ def measure(
             timed("block", i, b, lambda i=i, x=x, feed=feed: rt.run_block(i, x, feed))
             x = rt.run_block(i, x, feed)  # the next block's real input
             acts[i] = x
+        block_ms = {row["idx"]: row["ms"] for row in rows
+                    if row["kind"] == "block" and row["batch_size"] == b}
         for r in manifest.ramps:
-            a = acts[r.after_block]
-            timed("ramp", r.index, b, lambda r=r, a=a: rt.run_ramp(r.index, a))
+            # Workers run a ramp head fused into its block's session: its cost is the fused
+            # call minus the block alone (as `offramp prepare` measures it).
+            i = r.after_block
+            x_in = feed if i == 0 else acts[i - 1]
+            timed("ramp", r.index, b, lambda r=r, x_in=x_in, feed=feed: rt.run_range(
+                r.after_block, r.after_block + 1, x_in, feed, r.index))
+            rows[-1]["ms"] = round(max(rows[-1]["ms"] - block_ms[i], 0.001), 4)
         timed("full", -1, b, lambda feed=feed: rt.run_range(0, n, feed))
+    return rows
+
+
+def from_manifest(manifest: Manifest) -> list[dict[str, Any]]:
+    """The rows ``measure`` would give, from the costs ``offramp prepare`` measured on this
+    same device class (so a fresh stack does not spend its first minute re-measuring)."""
+    rows: list[dict[str, Any]] = []
+    for blk in manifest.blocks:
+        rows += [{"kind": "block", "idx": blk.index, "batch_size": int(b), "ms": ms, "runs": 0}
+                 for b, ms in blk.cost_by_batch.items()]
+    for r in manifest.ramps:
+        rows += [{"kind": "ramp", "idx": r.index, "batch_size": int(b), "ms": ms, "runs": 0}
+                 for b, ms in r.cost_by_batch.items()]
+    full = manifest.meta.get("unsplit_by_batch") or {}
+    rows += [{"kind": "full", "idx": -1, "batch_size": int(b), "ms": ms, "runs": 0}
+             for b, ms in full.items()]
     return rows

@@ -18,7 +18,7 @@ from typing import Any
 from services.common import logs
 from services.common.config import Config
 from services.models.manifest import Manifest
-from services.profiler.latency import BATCH_SIZES, Cancelled, device_class, measure
+from services.profiler.latency import BATCH_SIZES, Cancelled, device_class, from_manifest, measure
 
 POLL_S = 30.0
 FAILED_RETRY_S = 600.0  # a model that failed to profile is tried again after this
@@ -94,6 +94,16 @@ class Profiler:
                     model=name, device=self.device, batch_sizes=",".join(map(str, self.batch_sizes))
                 ),
             )
+            if manifest.meta.get("device_class") == self.device:
+                rows = from_manifest(manifest)
+                if {(r["kind"], r["idx"], r["batch_size"]) for r in rows} >= expected_keys(
+                        manifest.to_dict(), self.batch_sizes):
+                    await asyncio.to_thread(self.store.save_latency_profile, name, self.device,
+                                            rows, True)
+                    self.done.add(key)
+                    self.log.info("profile of %s taken from its preparation on this device class",
+                                  name)
+                    return True
             rows = await asyncio.to_thread(
                 measure,
                 path,

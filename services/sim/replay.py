@@ -1,0 +1,311 @@
+"""Discrete-event replay of a trace through the exit policies (Apparate latency mode).
+
+One worker serves requests FIFO at batch size 1: the paper's CV regime ("at 30 fps ... they
+are able to consistently schedule jobs with batch size 1"), and the one where a trace's
+batch-1 latency profile is exact. In latency mode every sample runs the whole model plus
+the ramps of the config it started under, so the worker is busy for ``full + sum(active ramp
+costs)``; its reply leaves at its exit point: ``prefix[site] + costs of the active ramps up to
+and including its exit ramp``, or at the end. Latency = reply time - arrival (with queueing).
+
+Policies, all on the same trace and arrivals:
+
+- ``vanilla``: no ramps.
+- ``static``: every ramp active, ONE threshold shared by all of them, tuned once on the first
+  ``static_frac`` of the stream (the largest that meets the constraint there), like
+  BranchyNet / DeeBERT's one-time tuning (Apparate §4.4).
+- ``offramp``: ``services.tuner.controller.ExitController``, fed only the active ramps'
+  top-1 and score of each sample when the sample finishes; a new config applies from the next
+  sample the worker starts at or after ``decision + delay``.
+- ``oracle``: each input exits at the earliest site whose top-1 equals the final one, with no
+  ramp cost (Apparate §2.2's optimal exiting).
+
+Controller wall time is measured here around each ``step`` (never inside the policy).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from services.models.arrivals import make_arrivals
+from services.sim.trace import Trace
+from services.tuner.controller import Decision, ExitController
+from services.tuner.initial import initial_active
+from services.tuner.ramp_adjust import DEFAULT_BUDGET
+from services.tuner.thresholds import (
+    DEFAULT_CONSTRAINT,
+    Replay,
+    allowed_disagreements,
+    grid_gap,
+    grid_search,
+    tune,
+)
+
+POLICIES = ("vanilla", "static", "offramp", "oracle")
+MODE = "replay simulation"
+
+
+@dataclass
+class PolicyResult:
+    name: str
+    latency_ms: np.ndarray   # per sample, reply - arrival
+    answer: np.ndarray       # per sample, the label the client got
+    exit_site: np.ndarray    # per sample, candidate site it exited at (-1: the full model)
+    agreement: float
+    worst_window_agreement: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, float]:
+        p25, p50, p95 = np.percentile(self.latency_ms, [25, 50, 95])
+        return {"p25_ms": float(p25), "p50_ms": float(p50), "p95_ms": float(p95),
+                "mean_ms": float(self.latency_ms.mean()), "agreement": self.agreement,
+                "worst_window_agreement": self.worst_window_agreement,
+                "exit_rate": float((self.exit_site >= 0).mean())}
+
+
+def window_agreements(agree: np.ndarray, window: int = 16) -> np.ndarray:
+    """Agreement of consecutive full windows (the whole stream if shorter than one)."""
+    k = agree.size // window
+    if k == 0:
+        return np.array([agree.mean()]) if agree.size else np.ones(1)
+    return agree[: k * window].reshape(k, window).mean(axis=1)
+
+
+def arrivals_for(trace: Trace, spec: str | np.ndarray | None = None, seed: int = 0) -> np.ndarray:
+    """The trace's own arrival times, or ``spec`` (array or e.g. "poisson:10")."""
+    if spec is None:
+        if trace.arrival_s is None:
+            raise ValueError("the trace has no arrival_s: give an arrival spec, e.g. poisson:10")
+        return trace.arrival_s
+    if isinstance(spec, str):
+        return make_arrivals(spec, n=trace.n_samples, seed=(seed, 0xA7))
+    a = np.asarray(spec, np.float64)
+    if a.shape != (trace.n_samples,) or np.any(np.diff(a) < 0):
+        raise ValueError(f"arrivals must be {trace.n_samples} sorted times")
+    return a
+
+
+# (reply ms after start, worker busy ms, answer, exit site) of sample i
+Serve = Callable[[int], tuple[float, float, int, int]]
+
+
+def _event_loop(trace: Trace, arrivals: np.ndarray, serve: Serve,
+                done: Callable[[int, float], list[tuple[float, Callable[[], None]]]] | None,
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FIFO single worker. ``done(i, t)`` runs when sample i finishes at time t and returns
+    (effective time, apply) pairs; each applies before the first sample starting at/after it."""
+    n = trace.n_samples
+    lat, ans, site = np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64)
+    free, pending = 0.0, []  # pending: sorted by effective time
+    for i in range(n):
+        start = max(float(arrivals[i]), free)
+        while pending and pending[0][0] <= start:
+            pending.pop(0)[1]()
+        reply_ms, busy_ms, ans[i], site[i] = serve(i)
+        lat[i] = (start - arrivals[i]) * 1e3 + reply_ms
+        free = start + busy_ms / 1e3
+        if done is not None:
+            pending.extend(done(i, free))
+            pending.sort(key=lambda p: p[0])
+    return lat, ans, site
+
+
+def _result(name: str, trace: Trace, lat: np.ndarray, ans: np.ndarray, site: np.ndarray,
+            window: int, **extra: Any) -> PolicyResult:
+    agree = ans == trace.final_pred
+    return PolicyResult(name, lat, ans, site, float(agree.mean()),
+                        float(window_agreements(agree, window).min()), extra)
+
+
+def _threshold_server(trace: Trace, get: Callable[[], tuple[tuple[int, ...], tuple[float, ...]]]
+                      ) -> Serve:
+    prefix, cost, full = trace.prefix_ms, trace.ramp_cost_ms, float(trace.prefix_ms[-1])
+
+    def serve(i: int) -> tuple[float, float, int, int]:
+        active, th = get()
+        paid = 0.0
+        busy = full + sum(cost[s] for s in active)
+        for s, t in zip(active, th):
+            paid += cost[s]
+            if trace.ramp_score[s, i] < t:
+                return float(prefix[s] + paid), busy, int(trace.ramp_pred[s, i]), s
+        return busy, busy, int(trace.final_pred[i]), -1
+
+    return serve
+
+
+def run_vanilla(trace: Trace, arrivals: np.ndarray, window: int = 16) -> PolicyResult:
+    lat, ans, site = _event_loop(trace, arrivals, _threshold_server(trace, lambda: ((), ())),
+                                 None)
+    return _result("vanilla", trace, lat, ans, site, window)
+
+
+def run_oracle(trace: Trace, arrivals: np.ndarray, window: int = 16) -> PolicyResult:
+    right = trace.ramp_pred == trace.final_pred
+    first = np.where(right.any(axis=0), right.argmax(axis=0), -1)
+    full = float(trace.prefix_ms[-1])
+
+    def serve(i: int) -> tuple[float, float, int, int]:
+        s = int(first[i])
+        return (float(trace.prefix_ms[s]) if s >= 0 else full), full, int(trace.final_pred[i]), s
+
+    lat, ans, site = _event_loop(trace, arrivals, serve, None)
+    return _result("oracle", trace, lat, ans, site, window)
+
+
+def static_threshold(trace: Trace, constraint: float = DEFAULT_CONSTRAINT,
+                     frac: float = 0.1) -> float:
+    """The largest threshold shared by every ramp that meets the constraint on the first
+    ``frac`` of the stream (candidates: 0 and just above every recorded score)."""
+    m = max(1, round(frac * trace.n_samples))
+    ids = tuple(range(trace.n_sites))
+    rp = Replay(trace.window(ids, 0, m), trace.profile())
+    scores = np.unique(trace.ramp_score[:, :m])
+    cands = np.concatenate([[0.0], np.nextafter(scores, np.inf)])
+    allowed = allowed_disagreements(m, constraint)
+    ok = np.zeros(cands.size, bool)
+    for s in range(0, cands.size, 512):
+        c = cands[s: s + 512]
+        _, dis = rp.totals(np.repeat(c[:, None], len(ids), axis=1))
+        ok[s: s + 512] = dis <= allowed
+    return float(cands[np.flatnonzero(ok)].max())
+
+
+def run_static(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_CONSTRAINT,
+               frac: float = 0.1, window: int = 16) -> PolicyResult:
+    t = static_threshold(trace, constraint, frac)
+    cfg = (tuple(range(trace.n_sites)), (t,) * trace.n_sites)
+    lat, ans, site = _event_loop(trace, arrivals, _threshold_server(trace, lambda: cfg), None)
+    return _result("static", trace, lat, ans, site, window, threshold=t, tuned_on_frac=frac)
+
+
+def make_controller(trace: Trace, constraint: float = DEFAULT_CONSTRAINT,
+                    budget: float = DEFAULT_BUDGET, **kwargs: Any) -> ExitController:
+    """A controller as a fresh deployment starts: evenly spaced ramps within the budget, all
+    thresholds 0 (Apparate §3.1)."""
+    prof = trace.profile()
+    active = initial_active({s: float(c) for s, c in enumerate(trace.ramp_cost_ms)},
+                            prof.full_ms, budget)
+    return ExitController(prof, active, None, constraint=constraint, budget=budget,
+                          score=str(trace.meta.get("score", "max_softmax")), **kwargs)
+
+
+def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
+                delay_s: float = 0.0, window: int = 16) -> PolicyResult:
+    deployed = {"cfg": (controller.active, controller.thresholds)}
+    decisions: list[dict[str, Any]] = []
+    raw: list[Decision] = []
+    wall: dict[str, list[float]] = {"tune": [], "adjust": [], "record": [], "skipped": []}
+    n_active = np.empty(trace.n_samples, np.int64)
+    inner = _threshold_server(trace, lambda: deployed["cfg"])
+
+    def serve(i: int) -> tuple[float, float, int, int]:
+        n_active[i] = len(deployed["cfg"][0])
+        return inner(i)
+
+    def done(i: int, t: float) -> list[tuple[float, Callable[[], None]]]:
+        active = deployed["cfg"][0]
+        t0 = time.perf_counter()
+        triggers = controller.record(trace.window(active, i, i + 1))
+        wall["record"].append((time.perf_counter() - t0) * 1e3)
+        out = []
+        for trig in triggers:
+            t0 = time.perf_counter()
+            d = controller.step(trig)
+            ms = (time.perf_counter() - t0) * 1e3
+            # calls that had nothing to compute (no feedback yet) would flatter the medians
+            wall[d.kind if d.tuned_on > 0 else "skipped"].append(ms)
+            raw.append(d)
+            decisions.append({"sample": i, "t_s": t, "kind": d.kind, "trigger": d.trigger,
+                              "action": d.action, "version": d.version, "changed": d.changed,
+                              "active": list(d.active), "thresholds": list(d.thresholds),
+                              "est_savings_ms": d.est_savings_ms})
+            if d.changed:
+                cfg = (d.active, d.thresholds)
+                out.append((t + delay_s, lambda cfg=cfg: deployed.__setitem__("cfg", cfg)))
+        return out
+
+    lat, ans, site = _event_loop(trace, arrivals, serve, done)
+    return _result("offramp", trace, lat, ans, site, window, decisions=decisions,
+                   raw_decisions=raw, wall_ms=wall, n_active=n_active,
+                   counts=dict(controller.counts), params=controller.params())
+
+
+GRID_STEP = {1: 0.01, 2: 0.01, 3: 0.025, 4: 0.05}  # grid resolution by ramp count
+
+
+def _grid(r: int) -> tuple[float, ...]:
+    step = GRID_STEP.get(r, 0.05)
+    return tuple(round(step * i, 4) for i in range(round(1 / step) + 1))
+
+
+def grid_gaps(decisions: list[Decision], trace: Trace, constraint: float = DEFAULT_CONSTRAINT,
+              rounds: int = 8, max_ramps: int = 4) -> dict[str, Any]:
+    """How far the hill climb lands from a grid search on the same tuning windows.
+
+    Grid search is exponential in the ramps, so on windows with more than ``max_ramps`` active
+    ramps both searches run on the ``max_ramps`` ramps that answered most samples under the
+    deployed thresholds (ties: earlier), and the grid is as fine as stays cheap: step 0.01 for
+    1-2 ramps, 0.025 for 3, 0.05 for 4 (``tune``'s finest step is 0.01, so a coarser grid can
+    lose to it: negative gaps). Both search from 0 on identical data under ``constraint``
+    (pass the controller's tuning constraint), so the gap isolates the search; ``rounds``
+    tune decisions are sampled evenly over the run."""
+    prof = trace.profile()
+    tunes = [d for d in decisions if d.kind == "tune" and d.window is not None
+             and d.window.n_ramps > 0]
+    if not tunes:
+        return {"grid_gap": None, "rounds": 0}
+    pick = sorted({round(float(x))
+                   for x in np.linspace(0, len(tunes) - 1, min(rounds, len(tunes)))})
+    per: list[float] = []
+    ramps: list[int] = []
+    tuned_sum, grid_sum = 0.0, 0.0
+    for j in pick:
+        d = tunes[j]
+        w = d.window
+        assert w is not None
+        if w.n_ramps > max_ramps:
+            rp = Replay(w, prof)
+            e = rp.exit_index(np.asarray(d.thresholds)[None])[0]
+            counts = np.bincount(e, minlength=w.n_ramps + 1)[: w.n_ramps]
+            top = sorted(np.argsort(-counts, kind="stable")[:max_ramps].tolist())
+            w = w.select([w.ramp_ids[k] for k in top])
+        t = tune(w, prof, constraint).evaluation.savings_ms
+        g = grid_search(w, prof, constraint, _grid(w.n_ramps)).evaluation.savings_ms
+        per.append(grid_gap(t, g))
+        ramps.append(w.n_ramps)
+        tuned_sum, grid_sum = tuned_sum + t, grid_sum + g
+    return {"grid_gap": grid_gap(tuned_sum, grid_sum), "grid_gap_median": float(np.median(per)),
+            "grid_gap_max": float(np.max(per)), "rounds": len(pick), "max_ramps": max_ramps,
+            "ramps_per_round": ramps, "grid_step": {str(k): v for k, v in GRID_STEP.items()},
+            "tuned_savings_ms": tuned_sum / len(pick), "grid_savings_ms": grid_sum / len(pick)}
+
+
+def run_replay(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_CONSTRAINT,
+               budget: float = DEFAULT_BUDGET, window: int = 16, delay_s: float = 0.0,
+               static_frac: float = 0.1, grid_rounds: int = 8,
+               controller: dict[str, Any] | None = None,
+               policies: tuple[str, ...] = POLICIES) -> dict[str, PolicyResult | dict]:
+    """Every policy on the same trace and arrivals; offramp also gets its grid gap."""
+    out: dict[str, PolicyResult | dict] = {}
+    for name in policies:
+        if name == "vanilla":
+            out[name] = run_vanilla(trace, arrivals, window)
+        elif name == "static":
+            out[name] = run_static(trace, arrivals, constraint, static_frac, window)
+        elif name == "oracle":
+            out[name] = run_oracle(trace, arrivals, window)
+        elif name == "offramp":
+            ctl = make_controller(trace, constraint, budget, window=window, **(controller or {}))
+            res = run_offramp(trace, arrivals, ctl, delay_s, window)
+            if grid_rounds > 0:
+                res.extra["grid"] = grid_gaps(res.extra["raw_decisions"], trace,
+                                              ctl.tune_constraint, grid_rounds)
+            out[name] = res
+        else:
+            raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    return out

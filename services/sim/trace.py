@@ -1,0 +1,203 @@
+"""Replay traces: what every candidate ramp said about every input of a stream, once.
+
+Apparate runs every input to the end of the model, so a live system sees each active ramp's
+top-1 and exit score plus the final top-1 for every sample. A trace records that for *all*
+candidate sites, so the simulator can replay any policy (any active set, any thresholds)
+over the same stream without new inference. Format (``.npz``, R sites, N samples):
+
+- ``ramp_pred``    int   R x N   top-1 of the ramp at each candidate site
+- ``ramp_score``   float R x N   exit score (``services.models.scores``: lower = more confident)
+- ``final_pred``   int   N       top-1 of the full model
+- ``prefix_ms``    float R + 1   latency from the input to each site; the last entry is the
+                                 full model (batch 1, no ramps)
+- ``ramp_cost_ms`` float R       latency each ramp adds to a sample that reaches it
+- ``arrival_s``    float N       optional arrival times (seconds from the start, sorted)
+- ``meta_json``    str           optional provenance (model, score kind, workload, ...)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from services.tuner.window import ExitWindow, LatencyProfile
+
+_REQUIRED = ("ramp_pred", "ramp_score", "final_pred", "prefix_ms", "ramp_cost_ms")
+
+
+class TraceError(ValueError):
+    """A trace file or array that does not follow the format above."""
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    ramp_pred: np.ndarray
+    ramp_score: np.ndarray
+    final_pred: np.ndarray
+    prefix_ms: np.ndarray
+    ramp_cost_ms: np.ndarray
+    arrival_s: np.ndarray | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def n_sites(self) -> int:
+        return int(self.ramp_pred.shape[0])
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.final_pred.shape[0])
+
+    def validate(self) -> None:
+        """Raise ``TraceError`` naming the first problem found (shape, dtype, range, order)."""
+        fp = np.asarray(self.final_pred)
+        if fp.ndim != 1 or fp.size == 0:
+            raise TraceError(f"final_pred must be a non-empty 1-D array, got shape {fp.shape}")
+        n = fp.size
+        rp, rs = np.asarray(self.ramp_pred), np.asarray(self.ramp_score)
+        if rp.ndim != 2 or rp.shape[1] != n:
+            raise TraceError(f"ramp_pred must be R x N with N = {n} (final_pred), got {rp.shape}")
+        r = rp.shape[0]
+        if rs.shape != (r, n):
+            raise TraceError(f"ramp_score must be {r} x {n} like ramp_pred, got {rs.shape}")
+        if not (np.issubdtype(fp.dtype, np.integer) and np.issubdtype(rp.dtype, np.integer)):
+            raise TraceError("ramp_pred and final_pred must hold integer labels")
+        if not np.issubdtype(rs.dtype, np.floating) or not np.all(np.isfinite(rs)):
+            raise TraceError("ramp_score must be finite floats")
+        if rs.size and (rs.min() < 0 or rs.max() > 1):
+            raise TraceError("ramp_score must lie in [0, 1] (lower = more confident)")
+        prefix, cost = np.asarray(self.prefix_ms), np.asarray(self.ramp_cost_ms)
+        if prefix.shape != (r + 1,):
+            raise TraceError(f"prefix_ms needs R + 1 = {r + 1} entries (one per site, then the "
+                             f"full model), got shape {prefix.shape}")
+        if cost.shape != (r,):
+            raise TraceError(f"ramp_cost_ms needs R = {r} entries, got shape {cost.shape}")
+        try:
+            LatencyProfile.build(prefix, cost)
+        except ValueError as exc:
+            raise TraceError(f"bad latency profile: {exc}") from None
+        if self.arrival_s is not None:
+            a = np.asarray(self.arrival_s)
+            if a.shape != (n,):
+                raise TraceError(f"arrival_s needs one time per sample ({n}), got {a.shape}")
+            if not np.all(np.isfinite(a)) or (n and a[0] < 0) or np.any(np.diff(a) < 0):
+                raise TraceError("arrival_s must be finite, >= 0 and sorted")
+        object.__setattr__(self, "ramp_pred", rp.astype(np.int64, copy=False))
+        object.__setattr__(self, "ramp_score", rs.astype(np.float64, copy=False))
+        object.__setattr__(self, "final_pred", fp.astype(np.int64, copy=False))
+        object.__setattr__(self, "prefix_ms", prefix.astype(np.float64, copy=False))
+        object.__setattr__(self, "ramp_cost_ms", cost.astype(np.float64, copy=False))
+        if self.arrival_s is not None:
+            object.__setattr__(self, "arrival_s", np.asarray(self.arrival_s, np.float64))
+
+    def profile(self) -> LatencyProfile:
+        return LatencyProfile.build(self.prefix_ms, self.ramp_cost_ms)
+
+    def window(self, ramp_ids: tuple[int, ...], start: int = 0, stop: int | None = None
+               ) -> ExitWindow:
+        """Samples [start, stop) as the tuner would see them with ``ramp_ids`` active."""
+        ids = list(ramp_ids)
+        return ExitWindow(tuple(ids), self.ramp_pred[ids, start:stop],
+                          self.ramp_score[ids, start:stop], self.final_pred[start:stop])
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        score = self.ramp_score.astype(np.float32)
+        if not np.array_equal(score, self.ramp_score):  # keep float64 when float32 would round
+            score = self.ramp_score
+        arrays: dict[str, np.ndarray] = {
+            "ramp_pred": self.ramp_pred.astype(np.int32), "ramp_score": score,
+            "final_pred": self.final_pred.astype(np.int32), "prefix_ms": self.prefix_ms,
+            "ramp_cost_ms": self.ramp_cost_ms, "meta_json": np.array(json.dumps(self.meta))}
+        if self.arrival_s is not None:
+            arrays["arrival_s"] = self.arrival_s
+        tmp = path.with_name(f".{path.name}.tmp.npz")
+        np.savez_compressed(tmp, **arrays)
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trace:
+        path = Path(path)
+        if not path.is_file():
+            raise TraceError(f"no trace file at {path}")
+        try:
+            z = np.load(path, allow_pickle=False)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is a trace error
+            raise TraceError(f"{path} is not a readable .npz trace: {exc}") from None
+        with z:
+            missing = [k for k in _REQUIRED if k not in z.files]
+            if missing:
+                raise TraceError(f"{path} lacks {', '.join(missing)} (a trace needs "
+                                 f"{', '.join(_REQUIRED)}; arrival_s is optional)")
+            meta = json.loads(str(z["meta_json"])) if "meta_json" in z.files else {}
+            # float32 scores come back as float64 holding the same values: replays are exact
+            return cls(z["ramp_pred"], z["ramp_score"].astype(np.float64), z["final_pred"],
+                       z["prefix_ms"], z["ramp_cost_ms"],
+                       z["arrival_s"] if "arrival_s" in z.files else None, meta)
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def manifest_profile(manifest: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(prefix_ms, ramp_cost_ms) from a manifest's measured batch-1 block and ramp costs,
+    ramps in index order (sites are ordered along the model)."""
+    ramps = sorted(manifest.ramps, key=lambda r: r.index)
+    blocks = [b.cost_ms for b in manifest.blocks]
+    prof = LatencyProfile.from_blocks(blocks, [r.after_block for r in ramps],
+                                      [r.cost_ms for r in ramps])
+    return np.array(prof.prefix_ms), np.array(prof.ramp_cost_ms)
+
+
+def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
+                 score: str = "max_softmax", arrivals: np.ndarray | None = None,
+                 progress: Callable[[str], None] | None = _stderr, total: int | None = None,
+                 device: str = "cpu", meta: dict[str, Any] | None = None) -> Trace:
+    """Run a prepared model in process with every ramp active over ``inputs`` (chunks of
+    samples, dict by input name) and record each ramp's top-1 and exit score and the final
+    top-1. Latencies come from the manifest (measured once at preparation), not from this run,
+    so a trace does not depend on how loaded the machine was while recording."""
+    from services.models.manifest import Manifest
+    from services.models.runtime import StageRuntime
+    from services.models.scores import exit_score
+
+    model_dir = Path(model_dir)
+    manifest = Manifest.load(model_dir)
+    if not manifest.ramps:
+        raise TraceError(f"{manifest.name} has no ramps: nothing to trace")
+    rt = StageRuntime(model_dir, manifest, 0, manifest.num_blocks, device=device)
+    ids = sorted(r.index for r in manifest.ramps)
+    preds: list[np.ndarray] = []
+    scores: list[np.ndarray] = []
+    finals: list[np.ndarray] = []
+    done, t0 = 0, time.perf_counter()
+    for chunk in inputs:
+        final, ramp_logits = rt.run_all(chunk)
+        preds.append(np.stack([ramp_logits[i].argmax(axis=1) for i in ids]))
+        scores.append(np.stack([exit_score(ramp_logits[i], score) for i in ids]))
+        finals.append(final.argmax(axis=1))
+        done += final.shape[0]
+        if progress is not None:
+            rate = done / max(time.perf_counter() - t0, 1e-9)
+            of = f"/{total}" if total else ""
+            progress(f"trace {manifest.name}: {done}{of} samples ({rate:.1f}/s)")
+    if not finals:
+        raise TraceError("no inputs given: a trace needs at least one sample")
+    prefix, cost = manifest_profile(manifest)
+    info = {"model": manifest.name, "model_version": manifest.version, "score": score,
+            "ramp_ids": ids, "after_block": [manifest.ramp(i).after_block for i in ids],
+            "latency_source": "manifest block cost_ms (batch 1)", **(meta or {})}
+    return Trace(np.concatenate(preds, axis=1), np.concatenate(scores, axis=1).astype(np.float64),
+                 np.concatenate(finals), prefix, cost, arrivals, info)

@@ -1,0 +1,397 @@
+"""The Apparate control loop (§3.2-3.3), pure: feedback in, versioned exit configs out.
+
+The live tuner service and the replay simulator both drive this class, so a benchmark in
+simulation exercises the very decisions a live run makes. No clock: time is samples seen.
+``observe(batch)`` = ``record(batch)`` (bookkeeping, returns due ``Trigger``s) + ``step``
+per trigger (the work; the simulator times each step on its own).
+
+- **window** [16]: per sample, the top-1 and score of the *active* ramps and the final top-1
+  (what a live system sees). The deployed config is replayed on each sample (the earliest
+  active ramp whose score < threshold answers) over tumbling windows ("an average achieved
+  accuracy over the past 16 samples", §3.2); a config change starts a new window.
+- **alert**: "tuning is triggered any time a window's accuracy falls below the ... constraint".
+  With 16 samples and 1%, one disagreement already dooms the window, so the alert fires at
+  that sample instead of up to 15 samples later. Thresholds are then re-tuned from 0
+  (``tune()``) on the newest ``tune_window`` samples, must also meet the constraint on the
+  alert window (else the element-wise min with that window's own tune, else that tune), and
+  every ramp that answered wrongly there is capped at ``backoff`` x its wrong score: the next
+  frames of the scene that broke it score alike, and re-tuning "just below" the failure
+  failed again at the next frame (chains of 5-10 alerts per scene in the simulator).
+- **slack**: "the goal of tuning is to identify a new set of thresholds that maximizes latency
+  savings" and "trialed ramps start with threshold=0 ... but are soon updated in the next
+  round of threshold tuning" (§3.2-3.3), yet tuning is only *triggered* by violations, so from
+  all-zero thresholds nothing would ever exit. After ``slack_windows`` [8] clean windows (128
+  samples: one adjust period) the controller tunes for savings, climbing from the deployed
+  thresholds on the same ``tune_window`` samples; it waits until ``min_tune_samples``
+  [tune_window / 2] samples hold every active ramp.
+- **headroom**: tunes target ``tune_constraint`` [constraint / 2]. A climb stops on the
+  boundary of what the *past* window allows ("maximum latency savings must fall on that
+  boundary"); the next frames land beyond it, and each miss costs a disagreement.
+- **adjust**: every ``adjust_every`` [128] samples ("every 128 samples by default", §3.3)
+  ``ramp_adjust.adjust()`` runs on the last ``adjust_window`` [128] samples holding every
+  active ramp. Sites deactivated in the last ``cooldown_rounds`` [2] rounds are not trialled.
+- Records served before a ramp was activated never tune or judge it: windows are built from
+  the newest records that hold every active ramp (older supersets still count).
+
+Defaults come from ``services.sim.replay`` on EfficientNet-Lite0 video traces (seed 0, 4000
+frames, and seeds 1-5, 2000 frames; scene cuts every 16-120 frames, far more drift than the
+paper's hour-long urban videos), maximising savings subject to >= 99% agreement on every
+trace. With the other defaults fixed, the worst trace's agreement was 98.05% tuning on the
+paper's 16-sample window, 98.4-98.75% on 32-256 samples and 99.05% on 512 (mean 99.43%; mean
+latency 3.6-18.9% below vanilla); at 512, full-constraint tuning fell to 98.8%, no backoff
+to 96.8%, no savings tunes to 98.95% with less saved. Backoff 0.5 / 0 held too (99.1 / 99.35%)
+but saved less (9.3 / 8.8% vs 10.5% on average). 384-768 samples with 4-12 clean windows
+stayed within 98.95-99.05% on the worst trace: a plateau, not a lucky point.
+Scores follow ``services.models.scores`` (lower = more confident, exit iff score < threshold).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from services.tuner.ramp_adjust import ADJUST_EVERY, DEFAULT_BUDGET, AdjustInput, adjust
+from services.tuner.thresholds import (
+    DEFAULT_CONSTRAINT,
+    Replay,
+    allowed_disagreements,
+    check_constraint,
+    evaluate,
+    meets,
+    tune,
+)
+from services.tuner.window import ExitWindow, LatencyProfile
+
+DEFAULT_WINDOW = 16          # samples per agreement window (§3.2)
+DEFAULT_TUNE_WINDOW = 512    # samples tuned on (chosen in the replay simulator, module doc)
+DEFAULT_SLACK_WINDOWS = 8    # clean windows before a savings tune
+DEFAULT_TUNE_SHARE = 0.5     # tune to this share of the constraint: headroom for drift
+DEFAULT_BACKOFF = 0.25       # after an alert, failing ramps' thresholds <= this x wrong score
+DEFAULT_COOLDOWN_ROUNDS = 2  # adjust rounds a deactivated site is not trialled again
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """Something ``record`` found due; ``step`` turns it into a decision."""
+
+    kind: str                    # "alert" | "slack" | "adjust"
+    at_sample: int               # samples observed when it became due
+    window_agreement: float | None = None
+    window: ExitWindow | None = field(default=None, compare=False, repr=False)  # alert window
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A (possibly unchanged) exit config and why; ``version`` grows only when it changed."""
+
+    version: int
+    kind: str                       # "tune" | "adjust"
+    trigger: str                    # "alert" | "slack" | "adjust"
+    action: str                     # "tune", "keep", or a ramp_adjust action
+    reason: str
+    active: tuple[int, ...]
+    thresholds: tuple[float, ...]   # one per active ramp
+    changed: bool
+    at_sample: int
+    tuned_on: int = 0               # samples the decision was computed on
+    est_savings_ms: float | None = None  # tune: mean savings of the new config on those samples
+    window_agreement: float | None = None
+    utilities: tuple[Any, ...] = ()  # ramp_adjust.RampUtility per active ramp (adjust only)
+    deactivated: tuple[int, ...] = ()
+    added: tuple[int, ...] = ()
+    window: ExitWindow | None = field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for the store / the wire (without the window)."""
+        d = {k: v for k, v in asdict(self).items() if k not in ("window", "utilities")}
+        d["utilities"] = [asdict(u) for u in self.utilities]
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+class ExitController:
+    """State of one model's exit config and its feedback history (serialisable)."""
+
+    def __init__(self, profile: LatencyProfile, active: list[int] | tuple[int, ...],
+                 thresholds: list[float] | tuple[float, ...] | None = None, *,
+                 constraint: float = DEFAULT_CONSTRAINT, window: int = DEFAULT_WINDOW,
+                 tune_window: int = DEFAULT_TUNE_WINDOW, adjust_every: int = ADJUST_EVERY,
+                 budget: float = DEFAULT_BUDGET, score: str = "max_softmax",
+                 slack_windows: int | None = DEFAULT_SLACK_WINDOWS,
+                 cooldown_rounds: int = DEFAULT_COOLDOWN_ROUNDS,
+                 min_tune_samples: int | None = None,
+                 tune_constraint: float | None = None, adjust_window: int | None = None,
+                 backoff: float = DEFAULT_BACKOFF, version: int = 0) -> None:
+        check_constraint(constraint)
+        if min(window, tune_window, adjust_every) < 1:
+            raise ValueError("window, tune_window and adjust_every must be >= 1")
+        if slack_windows is not None and slack_windows < 1:
+            raise ValueError("slack_windows must be >= 1 (or None: no savings tunes)")
+        ids = tuple(sorted(int(r) for r in active))
+        profile.check_sites(ids)
+        th = tuple(float(t) for t in (thresholds if thresholds is not None else [0.0] * len(ids)))
+        if len(th) != len(ids) or any(not t >= 0 for t in th):
+            raise ValueError("need one threshold >= 0 per active ramp")
+        self.profile, self.score = profile, score
+        self.tune_constraint = (DEFAULT_TUNE_SHARE * constraint if tune_constraint is None
+                                else float(tune_constraint))
+        self.adjust_window = adjust_every if adjust_window is None else int(adjust_window)
+        if not 0.0 <= backoff <= 1.0:
+            raise ValueError(f"backoff must be in [0, 1], got {backoff}")
+        self.backoff = float(backoff)
+        check_constraint(self.tune_constraint)
+        self.constraint, self.window, self.tune_window = constraint, window, tune_window
+        self.adjust_every, self.budget = adjust_every, budget
+        self.slack_windows, self.cooldown_rounds = slack_windows, cooldown_rounds
+        self.min_tune_samples = (max(window, tune_window // 2) if min_tune_samples is None
+                                 else int(min_tune_samples))
+        self.active, self.thresholds, self.version = ids, th, version
+        self.seen = 0            # samples observed
+        self.win_n = 0           # samples in the open window
+        self.win_dis = 0         # their disagreements under the deployed config
+        self.clean = 0           # consecutive clean windows since the last tune
+        self.since_adjust = 0
+        self.rounds = 0          # adjust rounds run
+        self.deactivated_at: dict[int, int] = {}  # site -> round it was deactivated
+        self.counts = {"alerts": 0, "tunes": 0, "adjusts": 0, "changes": 0}
+        self._segs: list[tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray]] = []
+
+    # ------------------------------------------------------------------ feedback
+    @property
+    def capacity(self) -> int:
+        return max(self.window, self.tune_window, self.adjust_every, self.adjust_window)
+
+    def observe(self, batch: ExitWindow) -> list[Decision]:
+        """Record a batch and act on whatever became due (what the live tuner calls)."""
+        return [self.step(t) for t in self.record(batch)]
+
+    def record(self, batch: ExitWindow) -> list[Trigger]:
+        """Add feedback; return the due triggers (at most one tune and one adjust per batch)."""
+        due: dict[str, Trigger] = {}
+        n, pos = batch.n_samples, 0
+        while pos < n:
+            take = min(n - pos, self.window - self.win_n, self.adjust_every - self.since_adjust)
+            sl = slice(pos, pos + take)
+            pred, score, final = batch.pred[:, sl], batch.score[:, sl], batch.final[sl]
+            self.win_dis += self._disagreements(batch.ramp_ids, pred, score, final)
+            self._remember(batch.ramp_ids, pred, score, final)
+            self.win_n += take
+            self.since_adjust += take
+            self.seen += take
+            pos += take
+            early = self.win_dis > allowed_disagreements(self.window, self.constraint)
+            if early or self.win_n >= self.window:
+                t = self._close_window()
+                if t is not None and not (t.kind == "slack" and "alert" in due):
+                    due.pop("slack", None)
+                    due[t.kind] = t
+            if self.since_adjust >= self.adjust_every:
+                self.since_adjust = 0
+                due["adjust"] = Trigger("adjust", self.seen)
+        return [due[k] for k in ("alert", "slack", "adjust") if k in due]
+
+    def _disagreements(self, ids: tuple[int, ...], pred: np.ndarray, score: np.ndarray,
+                       final: np.ndarray) -> int:
+        deployed = dict(zip(self.active, self.thresholds))
+        th = np.array([deployed.get(r, 0.0) for r in ids])  # inactive / unknown: never exits
+        answer = final.copy()
+        open_ = np.ones(final.size, dtype=bool)
+        for k in range(len(ids)):
+            hit = open_ & (score[k] < th[k])
+            answer[hit] = pred[k][hit]
+            open_ &= ~hit
+        return int((answer != final).sum())
+
+    def _remember(self, ids: tuple[int, ...], pred: np.ndarray, score: np.ndarray,
+                  final: np.ndarray) -> None:
+        if self._segs and self._segs[-1][0] == ids:
+            _, p, s, f = self._segs[-1]
+            self._segs[-1] = (ids, np.concatenate([p, pred], axis=1),
+                              np.concatenate([s, score], axis=1), np.concatenate([f, final]))
+        else:
+            self._segs.append((ids, pred.copy(), score.copy(), final.copy()))
+        extra = sum(s[3].size for s in self._segs) - self.capacity
+        while extra > 0:
+            ids0, p, s, f = self._segs[0]
+            if f.size <= extra:
+                self._segs.pop(0)
+                extra -= f.size
+            else:
+                self._segs[0] = (ids0, p[:, extra:], s[:, extra:], f[extra:])
+                extra = 0
+
+    def recent(self, limit: int, ids: tuple[int, ...] | None = None) -> ExitWindow | None:
+        """The newest ``limit`` samples whose records hold every ramp of ``ids`` (default: the
+        active set), seen by those ramps; None when there is none."""
+        ids = self.active if ids is None else ids
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        got = 0
+        for seg_ids, p, s, f in reversed(self._segs):
+            if got >= limit:
+                break
+            if not set(ids) <= set(seg_ids):
+                continue
+            rows = [seg_ids.index(r) for r in ids]
+            take = min(limit - got, f.size)
+            parts.append((p[rows, -take:], s[rows, -take:], f[-take:]))
+            got += take
+        if not parts:
+            return None
+        parts.reverse()
+        return ExitWindow(ids, np.concatenate([x[0] for x in parts], axis=1),
+                          np.concatenate([x[1] for x in parts], axis=1),
+                          np.concatenate([x[2] for x in parts]))
+
+    def _close_window(self) -> Trigger | None:
+        n, dis = self.win_n, self.win_dis
+        self.win_n = self.win_dis = 0
+        agreement = 1.0 - dis / n
+        if dis > allowed_disagreements(self.window, self.constraint):
+            self.clean = 0
+            self.counts["alerts"] += 1
+            return Trigger("alert", self.seen, agreement, self.recent(n))
+        self.clean += 1
+        if self.slack_windows is not None and self.clean >= self.slack_windows:
+            self.clean = 0
+            return Trigger("slack", self.seen, agreement)
+        return None
+
+    # ------------------------------------------------------------------ decisions
+    def step(self, trigger: Trigger) -> Decision:
+        """Run one due trigger and deploy its result."""
+        if trigger.kind == "adjust":
+            return self._adjust(trigger)
+        return self._tune(trigger)
+
+    def _deploy(self, active: tuple[int, ...], thresholds: tuple[float, ...]) -> bool:
+        changed = active != self.active or thresholds != self.thresholds
+        if changed:
+            self.active, self.thresholds = active, thresholds
+            self.version += 1
+            self.counts["changes"] += 1
+            self.win_n = self.win_dis = 0  # a window measures one config only
+        return changed
+
+    def _tune(self, trigger: Trigger) -> Decision:
+        self.counts["tunes"] += 1
+        self.clean = 0
+        alert = trigger.kind == "alert"
+        w = self.recent(self.tune_window)
+        old = self.thresholds
+        if w is None or w.n_ramps == 0:
+            return self._decision("tune", trigger, "tune", "no feedback holds every active ramp",
+                                  self.active, old, 0, None)
+        if not alert and w.n_samples < self.min_tune_samples:
+            return self._decision("tune", trigger, "tune", f"only {w.n_samples} samples hold "
+                                  f"every active ramp (< {self.min_tune_samples}): wait",
+                                  self.active, old, 0, None)
+        res = tune(w, self.profile, self.tune_constraint, start=None if alert else old)
+        th, how = res.thresholds, f"tuned on the last {w.n_samples} samples"
+        aw = trigger.window
+        if alert and aw is not None and aw.ramp_ids == self.active:
+            th, how = self._guard(aw, th, how)
+            th, how = self._back_off(aw, old, th, how)
+        th = tuple(float(t) for t in th)
+        est = (res.evaluation.savings_ms if th == tuple(res.thresholds)
+               else evaluate(w, self.profile, th).savings_ms)
+        why = (f"window agreement {trigger.window_agreement:.3f} < {1 - self.constraint:.3f}: "
+               if alert else f"{self.slack_windows} clean windows: tune for savings, ")
+        return self._decision("tune", trigger, "tune", why + how, self.active, th,
+                              w.n_samples, est, window=w)
+
+    def _guard(self, aw: ExitWindow, th: tuple[float, ...], how: str
+               ) -> tuple[tuple[float, ...], str]:
+        """Thresholds that also meet the constraint on the alert window (see module doc)."""
+        if meets(evaluate(aw, self.profile, th), self.constraint):
+            return th, how
+        short = tune(aw, self.profile, self.constraint).thresholds
+        low = tuple(min(a, b) for a, b in zip(th, short))
+        if meets(evaluate(aw, self.profile, low), self.constraint):
+            return low, how + ", capped by the alert window's tune"
+        return short, f"tuned on the {aw.n_samples}-sample alert window"
+
+    def _back_off(self, aw: ExitWindow, old: tuple[float, ...], th: tuple[float, ...],
+                  how: str) -> tuple[tuple[float, ...], str]:
+        """Cap each ramp that answered wrongly in the alert window at ``backoff`` x its lowest
+        wrong score there: the next frames of the scene that broke it score alike."""
+        rp = Replay(aw, self.profile)
+        e = rp.exit_index(np.asarray(old)[None])[0]
+        cap = list(th)
+        hit = False
+        for j in np.flatnonzero((e < aw.n_ramps) & ~rp.agree[e, np.arange(aw.n_samples)]):
+            k = int(e[j])
+            limit = self.backoff * float(aw.score[k, j])
+            if limit < cap[k]:
+                cap[k], hit = limit, True
+        return tuple(cap), how + (f"; backed off the failing ramps x{self.backoff:g}" if hit
+                                  else "")
+
+    def _adjust(self, trigger: Trigger) -> Decision:
+        self.counts["adjusts"] += 1
+        self.rounds += 1
+        w = self.recent(self.adjust_window)
+        if w is None:
+            return self._decision("adjust", trigger, "keep", "no feedback holds every active "
+                                  "ramp yet", self.active, self.thresholds, 0, None)
+        exclude = frozenset(s for s, r in self.deactivated_at.items()
+                            if self.rounds - r <= self.cooldown_rounds and s not in self.active)
+        d = adjust(AdjustInput(w, self.profile, self.thresholds, self.tune_constraint,
+                               self.budget, exclude))
+        for s in d.deactivated:
+            self.deactivated_at[s] = self.rounds
+        self.deactivated_at = {s: r for s, r in self.deactivated_at.items()
+                               if self.rounds - r <= self.cooldown_rounds}
+        return self._decision("adjust", trigger, d.action, d.reason, d.active, d.thresholds,
+                              w.n_samples, None, utilities=d.utilities,
+                              deactivated=d.deactivated, added=d.added, window=w)
+
+    def _decision(self, kind: str, trigger: Trigger, action: str, reason: str,
+                  active: tuple[int, ...], thresholds: tuple[float, ...], tuned_on: int,
+                  est: float | None, **extra: Any) -> Decision:
+        changed = self._deploy(tuple(active), tuple(float(t) for t in thresholds))
+        return Decision(version=self.version, kind=kind, trigger=trigger.kind, action=action,
+                        reason=reason, active=self.active, thresholds=self.thresholds,
+                        changed=changed, at_sample=trigger.at_sample, tuned_on=tuned_on,
+                        est_savings_ms=est, window_agreement=trigger.window_agreement, **extra)
+
+    # ------------------------------------------------------------------ state
+    def params(self) -> dict[str, Any]:
+        """The knobs (constructor keyword arguments) this controller runs with."""
+        return {"constraint": self.constraint, "window": self.window,
+                "tune_window": self.tune_window, "adjust_every": self.adjust_every,
+                "budget": self.budget, "score": self.score, "slack_windows": self.slack_windows,
+                "cooldown_rounds": self.cooldown_rounds, "min_tune_samples": self.min_tune_samples,
+                "tune_constraint": self.tune_constraint, "adjust_window": self.adjust_window,
+                "backoff": self.backoff}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe state (params, config, counters, feedback buffer) for the store."""
+        return {
+            "profile": {"prefix_ms": self.profile.prefix_ms.tolist(),
+                        "ramp_cost_ms": self.profile.ramp_cost_ms.tolist()},
+            "params": self.params(),
+            "active": list(self.active), "thresholds": list(self.thresholds),
+            "version": self.version, "seen": self.seen, "win_n": self.win_n,
+            "win_dis": self.win_dis, "clean": self.clean, "since_adjust": self.since_adjust,
+            "rounds": self.rounds, "counts": dict(self.counts),
+            "deactivated_at": {str(s): r for s, r in self.deactivated_at.items()},
+            "records": [{"ramp_ids": list(i), "pred": p.tolist(), "score": s.tolist(),
+                         "final": f.tolist()} for i, p, s, f in self._segs],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ExitController:
+        prof = LatencyProfile.build(d["profile"]["prefix_ms"], d["profile"]["ramp_cost_ms"])
+        c = cls(prof, d["active"], d["thresholds"], version=int(d["version"]), **d["params"])
+        for k in ("seen", "win_n", "win_dis", "clean", "since_adjust", "rounds"):
+            setattr(c, k, int(d[k]))
+        c.counts = {k: int(v) for k, v in d["counts"].items()}
+        c.deactivated_at = {int(s): int(r) for s, r in d["deactivated_at"].items()}
+        for rec in d["records"]:
+            ids = tuple(int(r) for r in rec["ramp_ids"])
+            n = len(rec["final"])
+            c._segs.append((ids, np.array(rec["pred"], np.int64).reshape(len(ids), n),
+                            np.array(rec["score"], np.float64).reshape(len(ids), n),
+                            np.array(rec["final"], np.int64)))
+        return c

@@ -1,0 +1,154 @@
+"""The Apparate control loop (services.tuner.controller): alerts, slack tunes, adjust cadence,
+feedback hygiene after active-set changes, serialisation and determinism."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from services.tuner.controller import Decision, ExitController
+from services.tuner.thresholds import evaluate, meets
+from services.tuner.window import ExitWindow, LatencyProfile
+
+# 4 sites of a 10 ms model; a ramp costs 0.05 ms (budget 2% = 0.2 ms: up to 4 ramps)
+PROFILE = LatencyProfile.build([2.0, 4.0, 6.0, 8.0, 10.0], [0.05] * 4)
+
+
+def batch(ids: tuple[int, ...], n: int, seed: int, wrong: float = 0.0,
+          wrong_score: float = 0.05) -> ExitWindow:
+    """Ramps agree with the final model at low scores (0.02-0.1) except a ``wrong`` share of
+    samples, where every ramp is confidently wrong (score ``wrong_score``)."""
+    rng = np.random.default_rng(seed)
+    final = rng.integers(0, 5, n)
+    pred = np.tile(final, (len(ids), 1))
+    score = rng.uniform(0.02, 0.1, (len(ids), n))
+    bad = rng.random(n) < wrong
+    pred[:, bad] = (final[bad] + 1) % 5
+    score[:, bad] = wrong_score
+    return ExitWindow.build(ids, pred, score, final)
+
+
+def ctl(active=(1, 2), thresholds=None, **kw) -> ExitController:
+    kw.setdefault("slack_windows", None)
+    return ExitController(PROFILE, active, thresholds, **kw)
+
+
+def test_alert_tune_meets_the_constraint_on_the_bad_window() -> None:
+    c = ctl(thresholds=(0.5, 0.5))
+    bad = batch((1, 2), 16, seed=1, wrong=0.25)
+    assert not meets(evaluate(bad, PROFILE, (0.5, 0.5)), 0.01)
+    decisions = c.observe(bad)
+    assert [(d.kind, d.trigger) for d in decisions] == [("tune", "alert")]
+    d = decisions[0]
+    assert d.changed and d.version == 1 and d.window_agreement < 0.99
+    assert meets(evaluate(bad, PROFILE, d.thresholds), 0.01)
+    assert c.thresholds == d.thresholds and c.counts["alerts"] == 1
+    # ramp 1 answered the wrong samples (score 0.05): backed off to 0.25 x 0.05
+    assert d.thresholds[0] <= 0.25 * 0.05 + 1e-12 and "backed off" in d.reason
+
+
+def test_tunes_keep_headroom_below_the_constraint() -> None:
+    assert ctl().tune_constraint == 0.005  # half the 1% constraint by default
+    w = batch((1, 2), 400, seed=13, wrong=0.02, wrong_score=0.05)
+    c = ctl(slack_windows=1, tune_window=400, adjust_every=10_000)
+    c.observe(w)
+    assert evaluate(w, PROFILE, c.thresholds).disagreements <= 2  # 0.5% of 400
+
+
+def test_alert_fires_at_the_first_disagreement_that_dooms_the_window() -> None:
+    c = ctl(thresholds=(0.5, 0.5))
+    assert c.observe(batch((1, 2), 5, seed=2)) == []
+    one_bad = batch((1, 2), 1, seed=3, wrong=1.0)
+    d = c.observe(one_bad)
+    assert [x.trigger for x in d] == ["alert"]  # 6 of 16 samples: 1 > floor(1% of 16) = 0
+    assert c.win_n == 0  # the window closed with the alert
+
+
+def test_clean_windows_raise_thresholds_from_zero() -> None:
+    c = ctl(slack_windows=2, tune_window=32)
+    assert c.thresholds == (0.0, 0.0)
+    assert c.observe(batch((1, 2), 16, seed=4)) == []
+    d = c.observe(batch((1, 2), 16, seed=5))
+    assert [(x.kind, x.trigger) for x in d] == [("tune", "slack")]
+    assert d[0].changed and max(d[0].thresholds) > 0.1
+    assert d[0].est_savings_ms > 0
+
+
+def test_no_slack_tune_without_enough_samples_for_the_active_ramps() -> None:
+    c = ctl(slack_windows=1, tune_window=64)  # needs >= 32 samples holding ramps 1 and 2
+    d = c.observe(batch((1, 2), 16, seed=6))
+    assert len(d) == 1 and not d[0].changed and "wait" in d[0].reason
+
+
+def test_adjust_runs_every_128_samples() -> None:
+    c = ctl()
+    got: list[Decision] = []
+    for i in range(127):
+        got += c.observe(batch((1, 2), 1, seed=100 + i))
+    assert not [d for d in got if d.kind == "adjust"]
+    got += c.observe(batch((1, 2), 1, seed=99))
+    adj = [d for d in got if d.kind == "adjust"]
+    assert len(adj) == 1 and adj[0].at_sample == 128 and adj[0].utilities
+    got += c.observe(batch(c.active, 128, seed=7))  # one call spanning a whole round
+    assert [d.at_sample for d in got if d.kind == "adjust"] == [128, 256]
+    assert c.counts["adjusts"] == 2
+
+
+def test_records_lacking_new_ramps_are_not_used() -> None:
+    c = ctl(active=(1, 2), slack_windows=None, tune_window=64)
+    c.observe(batch((1,), 48, seed=8, wrong=0.3))  # served before ramp 2 was active
+    assert c.recent(64) is None
+    c.observe(batch((0, 1, 2), 8, seed=9))  # a superset holds both ramps: usable
+    c.observe(batch((1, 2), 8, seed=10))
+    w = c.recent(64)
+    assert w is not None and w.ramp_ids == (1, 2) and w.n_samples == 16
+    assert c.recent(64, (1,)).n_samples == 64  # ramp 1 alone: every record counts
+
+
+def test_tune_after_an_added_ramp_uses_only_records_with_it() -> None:
+    c = ctl(active=(2,), thresholds=(0.2,), slack_windows=None, tune_window=512)
+    for i in range(128):  # ramp 2 answers well: all utilities positive -> probe earlier
+        decisions = c.observe(batch((2,), 1, seed=200 + i))
+    assert decisions[-1].action == "add_earlier" and c.active == (1, 2)
+    c.observe(batch((1, 2), 10, seed=11))
+    d = c.observe(batch((1, 2), 1, seed=12, wrong=1.0))
+    assert d[0].trigger == "alert"
+    assert d[0].window.ramp_ids == (1, 2) and d[0].window.n_samples == 11
+
+
+def test_serialisation_round_trip_resumes_identically() -> None:
+    a = ctl(slack_windows=2, tune_window=64)
+    for i in range(10):
+        a.observe(batch(a.active, 23, seed=300 + i, wrong=0.05))
+    b = ExitController.from_dict(json.loads(json.dumps(a.to_dict())))
+    assert b.to_dict() == a.to_dict()
+    for i in range(10):
+        x = batch(a.active, 19, seed=400 + i, wrong=0.05)
+        y = ExitWindow.build(b.active, x.pred, x.score, x.final)
+        assert [d.to_dict() for d in a.observe(x)] == [d.to_dict() for d in b.observe(y)]
+    assert b.to_dict() == a.to_dict()
+
+
+def test_deterministic() -> None:
+    def run() -> list[dict]:
+        c = ctl(slack_windows=2, tune_window=64)
+        out = []
+        for i in range(20):
+            out += [d.to_dict() for d in c.observe(batch(c.active, 17, seed=i, wrong=0.04))]
+        return out
+
+    first = run()
+    assert first and first == run()
+
+
+def test_bad_parameters() -> None:
+    with pytest.raises(ValueError):
+        ctl(window=0)
+    with pytest.raises(ValueError):
+        ctl(slack_windows=0)
+    with pytest.raises(ValueError):
+        ctl(active=(1, 9))
+    with pytest.raises(ValueError):
+        ctl(thresholds=(0.1,))

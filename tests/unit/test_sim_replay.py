@@ -1,0 +1,166 @@
+"""Replay simulator (services.sim.replay) and trace format (services.sim.trace) on
+hand-built traces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from services.sim.replay import (
+    make_controller,
+    run_offramp,
+    run_oracle,
+    run_replay,
+    run_static,
+    run_vanilla,
+    static_threshold,
+    window_agreements,
+)
+from services.sim.trace import Trace, TraceError
+
+PREFIX = [2.0, 5.0, 10.0]  # two sites of a 10 ms model
+COST = [0.1, 0.1]          # both fit a 2% budget (0.2 ms)
+
+
+def trace_of(pred: np.ndarray, score: np.ndarray, final: np.ndarray,
+             arrival_s: np.ndarray | None = None) -> Trace:
+    return Trace(pred, score, final, np.array(PREFIX), np.array(COST), arrival_s)
+
+
+def easy(n: int = 800, seed: int = 0) -> Trace:
+    """Ramp 1 is always right and confident; ramp 0 is right on even samples only."""
+    rng = np.random.default_rng(seed)
+    final = rng.integers(0, 10, n)
+    pred = np.stack([np.where(np.arange(n) % 2 == 0, final, (final + 1) % 10), final])
+    score = np.stack([np.where(np.arange(n) % 2 == 0, 0.05, 0.6), rng.uniform(0.01, 0.1, n)])
+    return trace_of(pred, score, final, np.arange(n) * 0.05)  # 20/s: no queueing
+
+
+def drifting(n: int = 2000, seed: int = 1) -> Trace:
+    """Both ramps are right and confident for the first 30%; then ramp 0 turns confidently
+    wrong (score 0.04) while ramp 1 stays right (score 0.05)."""
+    rng = np.random.default_rng(seed)
+    final = rng.integers(0, 10, n)
+    turn = np.arange(n) >= int(0.3 * n)
+    pred = np.stack([np.where(turn, (final + 1) % 10, final), final])
+    score = np.stack([np.full(n, 0.04), np.full(n, 0.05)])
+    score[0, ~turn] = rng.uniform(0.01, 0.05, int((~turn).sum()))
+    return trace_of(pred, score, final, np.arange(n) * 0.05)
+
+
+def test_vanilla_latency_is_the_full_model() -> None:
+    tr = easy()
+    r = run_vanilla(tr, tr.arrival_s)
+    assert np.allclose(r.latency_ms, 10.0)
+    assert r.agreement == 1.0 and (r.exit_site == -1).all()
+
+
+def test_oracle_le_offramp_le_vanilla_on_an_easy_trace() -> None:
+    tr = easy()
+    res = run_replay(tr, tr.arrival_s, grid_rounds=2)
+    van, off, ora = (res[k].latency_ms.mean() for k in ("vanilla", "offramp", "oracle"))
+    assert ora <= off <= van
+    assert off < 0.8 * van  # it really exits
+    assert res["offramp"].agreement >= 0.99
+    assert np.allclose(res["oracle"].latency_ms[::2], 2.0)  # ramp 0 right on even samples
+    assert np.allclose(res["oracle"].latency_ms[1::2], 5.0)
+    assert res["offramp"].extra["grid"]["rounds"] >= 1
+
+
+def test_static_violates_on_drift_where_offramp_holds() -> None:
+    tr = drifting()
+    t = static_threshold(tr, 0.01, 0.1)
+    assert t > 0.05  # both ramps looked perfect on the first 10%
+    static = run_static(tr, tr.arrival_s)
+    off = run_offramp(tr, tr.arrival_s, make_controller(tr))
+    assert static.agreement < 0.99
+    assert off.agreement >= 0.99
+    assert off.latency_ms.mean() < 10.0  # and still saves latency via ramp 1
+
+
+def test_fifo_queueing_on_three_arrivals() -> None:
+    final = np.array([1, 2, 3])
+    pred = np.stack([final, final])
+    tr = trace_of(pred, np.full((2, 3), 0.1), final, np.array([0.0, 0.005, 0.030]))
+    van = run_vanilla(tr, tr.arrival_s)
+    # sample 1 arrives at 5 ms while sample 0 runs until 10 ms: waits 5 ms
+    assert np.allclose(van.latency_ms, [10.0, 15.0, 10.0])
+    static = run_static(tr, tr.arrival_s)  # threshold > 0.1: everything exits at ramp 0
+    # reply at 2 + 0.1 ms, but the worker stays busy for 10 + 0.2 ms (latency mode)
+    assert np.allclose(static.latency_ms, [2.1, 5.2 + 2.1, 2.1])
+    ora = run_oracle(tr, tr.arrival_s)  # no ramp costs: busy exactly 10 ms
+    assert np.allclose(ora.latency_ms, [2.0, 7.0, 2.0])
+
+
+def test_decision_delay_defers_configs() -> None:
+    tr = easy(n=400)
+    never = run_offramp(tr, tr.arrival_s, make_controller(tr), delay_s=1e6)
+    assert np.allclose(never.latency_ms, 10.2)  # initial config (no exits) throughout
+    assert never.extra["decisions"]
+
+
+def test_window_agreements() -> None:
+    agree = np.array([1] * 16 + [1] * 15 + [0] + [0, 0], bool)
+    assert window_agreements(agree, 16).tolist() == [1.0, 15 / 16]
+    assert window_agreements(np.array([True, False]), 16).tolist() == [0.5]
+
+
+def test_trace_validation_errors(tmp_path) -> None:
+    good = easy(n=20)
+    args = {"ramp_pred": good.ramp_pred, "ramp_score": good.ramp_score,
+            "final_pred": good.final_pred, "prefix_ms": good.prefix_ms,
+            "ramp_cost_ms": good.ramp_cost_ms}
+    bad_cases = {
+        "final_pred": {"final_pred": np.zeros(0, int)},
+        "ramp_pred must be": {"ramp_pred": good.ramp_pred[:, :5]},
+        "ramp_score must be 2": {"ramp_score": good.ramp_score[:1]},
+        "integer": {"ramp_pred": good.ramp_pred.astype(float)},
+        r"\[0, 1\]": {"ramp_score": good.ramp_score + 1},
+        "R \\+ 1": {"prefix_ms": good.prefix_ms[:2]},
+        "ramp_cost_ms": {"ramp_cost_ms": np.ones(3)},
+        "non-decreasing": {"prefix_ms": np.array([5.0, 2.0, 10.0])},
+        "arrival_s must be": {"arrival_s": np.arange(20)[::-1] * 1.0},
+        "one time per sample": {"arrival_s": np.arange(3.0)},
+    }
+    for pattern, change in bad_cases.items():
+        with pytest.raises(TraceError, match=pattern):
+            Trace(**{**args, **change})
+    with pytest.raises(TraceError, match="no trace file"):
+        Trace.load(tmp_path / "missing.npz")
+    np.savez(tmp_path / "partial.npz", ramp_pred=good.ramp_pred)
+    with pytest.raises(TraceError, match="lacks ramp_score"):
+        Trace.load(tmp_path / "partial.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(TraceError, match="readable"):
+        Trace.load(tmp_path / "junk.npz")
+
+
+def test_unknown_policy_and_missing_arrivals() -> None:
+    tr = trace_of(np.zeros((2, 4), int), np.zeros((2, 4)), np.zeros(4, int))
+    with pytest.raises(ValueError, match="unknown policy"):
+        run_replay(tr, np.zeros(4), policies=("nope",))
+    from services.sim.replay import arrivals_for
+
+    with pytest.raises(ValueError, match="arrival spec"):
+        arrivals_for(tr)
+    assert arrivals_for(tr, "constant:100").tolist() == [0.01, 0.02, 0.03, 0.04]
+
+
+def test_bench_apparate_writes_json_and_svg(tmp_path, capsys) -> None:
+    import json
+    import xml.etree.ElementTree as ET
+
+    from services.bench import apparate
+
+    path = easy(n=300).save(tmp_path / "easy.npz")
+    out, svg = tmp_path / "out.json", tmp_path / "plot.svg"
+    assert apparate.main(["--trace", str(path), "--json", str(out), "--plot", str(svg),
+                          "--grid-rounds", "2"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "replay simulation" and "replay simulation" in capsys.readouterr().out
+    for name in ("vanilla", "static", "offramp", "oracle"):
+        assert {"p25_ms", "p50_ms", "p95_ms", "agreement", "worst_window_agreement"} <= set(
+            doc[name])
+    assert {"tuning_ms_p50", "adjust_ms_p50", "grid_gap", "machine"} <= set(doc)
+    assert ET.parse(svg).getroot().tag.endswith("svg")
+    assert apparate.main(["--trace", str(tmp_path / "nope.npz"), "--json", str(out)]) == 2

@@ -30,6 +30,7 @@ from services.models.manifest import Manifest
 from services.models.runtime import StageRuntime
 from services.worker.exits import initial_config, initial_ramps, ramp_outcome
 from services.worker.stage_exec import execute
+from services.worker.telemetry import TelemetryBuffer
 
 STORE_HEARTBEAT_S = 2.0
 # A batch expected to compute faster than this runs on the event loop itself: a thread
@@ -79,6 +80,7 @@ class Worker:
         self.busy = False
         self.inline = False
         self.inline_out: list[tuple[str, bytes]] = []
+        self.telemetry = TelemetryBuffer()
         self.batches = 0
         self.stage_ms = sum(b.cost_ms for b in manifest.blocks[plan.first_block:plan.last_block]) + \
             sum(r.cost_ms for r in self.ramps)
@@ -220,13 +222,34 @@ class Worker:
         self._answer(batch, config, received, rest, labels[rest], score[rest],
                      np.full(len(rest), -1, dtype=np.int32), logits[rest], early=False,
                      release=self.plan.stage == 0)
-        self._publish_threadsafe(subjects.telemetry_samples(self.plan.model), encode_map(
-            model=self.plan.model, worker=self.id, batch_id=batch.batch_id,
-            config_version=config.version, mode=config.mode, score=config.score,
-            thresholds={int(k): float(v) for k, v in config.thresholds.items()},
-            active=list(config.active), ids=batch.ids, ramp_ids=out.ramp_ids, ramp_pred=ramp_pred,
-            ramp_score=ramp_score, exit_at=out.exit_at, final_pred=labels, final_score=score,
-            batch_size=n, stage_ms=stage_ms, t=time.time()))
+        part = {
+            "model": self.plan.model, "worker": self.id, "batch_id": batch.batch_id,
+            "config_version": config.version, "mode": config.mode, "score": config.score,
+            "thresholds": {int(k): float(v) for k, v in config.thresholds.items()},
+            "active": list(config.active), "ids": batch.ids, "ramp_ids": out.ramp_ids, "ramp_pred": ramp_pred,
+            "ramp_score": ramp_score, "exit_at": out.exit_at, "final_pred": labels, "final_score": score,
+            "batch_size": n, "stage_ms": stage_ms, "t": time.time()}
+        if self.inline:
+            self._add_telemetry(part, inline=True)
+        else:
+            self.loop.call_soon_threadsafe(self._add_telemetry, part, False)
+
+    def _add_telemetry(self, part: dict, inline: bool) -> None:
+        """Coalesce telemetry (services/worker/telemetry.py); published after the results
+        it describes: with an inline batch's own messages, else through the ordered outbox."""
+        for msg in self.telemetry.add(part, time.monotonic()):
+            item = (subjects.telemetry_samples(self.plan.model), encode_map(**msg))
+            if inline:
+                self.inline_out.append(item)
+            else:
+                self.outbox.put_nowait(item)
+
+    async def telemetry_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.sleep(self.telemetry.max_age_s / 2)
+            if (msg := self.telemetry.due(time.monotonic())) is not None:
+                self.outbox.put_nowait((subjects.telemetry_samples(self.plan.model),
+                                        encode_map(**msg)))
 
     def _answer(self, batch: Batch, config: ExitConfig, received: float, idx: np.ndarray,
                 labels: np.ndarray, scores: np.ndarray, exits: np.ndarray, logits: np.ndarray,
@@ -308,6 +331,7 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
                            cb=worker.on_batch)
     spawn(worker.heartbeat_loop(stop), worker.tasks, log)
     spawn(worker.publish_loop(), worker.tasks, log)
+    spawn(worker.telemetry_loop(stop), worker.tasks, log)
     runner = spawn(worker.run(stop), worker.tasks, log)
     log.info("worker ready %s", logs.kv(id=worker.id, blocks=f"{first}:{last}",
                                        ramps=[r.index for r in worker.ramps],
@@ -315,6 +339,8 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
                                        config_version=worker.config.version))
     await stop.wait()
     runner.cancel()
+    if worker.telemetry.parts:  # nothing measured is dropped at shutdown
+        await nc.publish(subjects.telemetry_samples(model), encode_map(**worker.telemetry.take()))
     await asyncio.to_thread(worker._store_heartbeat, socket.gethostname(), os.getpid(), "stopped")
     await bus.close(nc)
     store.close()

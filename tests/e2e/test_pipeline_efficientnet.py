@@ -70,7 +70,9 @@ def test_500_requests_all_answered_early_before_final(stack):
     order: dict[str, list[str]] = {}
     for subject, m in seen:
         kind = "telemetry" if "telemetry" in subject else ("early" if m["early"] else "final")
-        order.setdefault(m["batch_id"], []).append(kind)
+        # Telemetry of consecutive batches is coalesced into one message (batch_ids).
+        for batch_id in m.get("batch_ids") or [m["batch_id"]]:
+            order.setdefault(batch_id, []).append(kind)
     with_early = [kinds for kinds in order.values() if "early" in kinds]
     assert with_early
     for kinds in with_early:

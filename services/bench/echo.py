@@ -1,0 +1,45 @@
+"""The transport floor for ``offramp bench overhead``: the pipeline's message path with no
+work in it. ``relay`` forwards each request to ``echo`` keeping the client's reply subject
+(like the router dispatching to a worker), and ``echo`` answers the client directly with
+a reply of a given size (like a worker's result). Run as separate processes, as the
+services are: ``python -m services.bench.echo relay|echo URL [REPLY_BYTES]``."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from services.common import bus
+from services.common.runtime import run_service
+
+RELAY = "offramp.bench.relay"
+ECHO = "offramp.bench.echo"
+
+
+async def _serve(role: str, url: str, reply_bytes: int, stop: asyncio.Event) -> None:
+    nc = await bus.connect(url, f"offramp-bench-{role}")
+    answer = b"\0" * reply_bytes
+
+    async def relay(msg) -> None:
+        await nc.publish(ECHO, msg.data, reply=msg.reply)
+
+    async def echo(msg) -> None:
+        await nc.publish(msg.reply, answer)
+
+    await nc.subscribe(RELAY if role == "relay" else ECHO, cb=relay if role == "relay" else echo)
+    await nc.flush()
+    print("ready", flush=True)
+    await stop.wait()
+    await bus.close(nc)
+
+
+def main() -> None:
+    role, url = sys.argv[1], sys.argv[2]
+    reply_bytes = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+    if role not in ("relay", "echo"):
+        raise SystemExit("usage: python -m services.bench.echo relay|echo URL [REPLY_BYTES]")
+    run_service(lambda stop: _serve(role, url, reply_bytes, stop))
+
+
+if __name__ == "__main__":
+    main()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ from pathlib import Path
 from services.common import config as config_mod
 from services.common import logs
 
-SERVICES = ("router", "worker", "monitor", "profiler")
+SERVICES = ("router", "worker", "monitor", "profiler", "tuner")
 
 
 def _parse_cuts(values: list[str]) -> dict[str, list[int]]:
@@ -32,6 +33,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     from services.common.supervisor import Deployment, Supervisor, prepare_state
 
     cfg = _cfg_with_models(args.models)
+    if args.adapt:
+        cfg = dataclasses.replace(cfg, adapt=True)
     logs.setup("up", cfg.log_level)
     prepare_state(cfg, say=lambda m: print(m, file=sys.stderr))
     sup = Supervisor(cfg, Deployment(cfg.models, _parse_cuts(args.split), args.replicas),
@@ -75,6 +78,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         run_service(lambda stop: serve(cfg, stop))
     elif args.service == "monitor":
         from services.monitor.service import serve
+        run_service(lambda stop: serve(cfg, stop))
+    elif args.service == "tuner":
+        from services.tuner.service import serve
         run_service(lambda stop: serve(cfg, stop))
     elif args.service == "profiler":
         from services.profiler.service import serve_profiler
@@ -248,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--split", action="append", help="MODEL=CUT[,CUT...]: stage cut points")
     up.add_argument("--replicas", type=int, default=1, help="workers per stage")
     up.add_argument("--log-dir", help="write each service's log here instead of the terminal")
+    up.add_argument("--adapt", action="store_true",
+                    help="also run the tuner: continual exit adaptation (or OFFRAMP_ADAPT=1)")
     up.add_argument("--ready-timeout", type=float, default=180.0)
     up.set_defaults(fn=cmd_up)
 

@@ -34,6 +34,8 @@ class Config:
     request_timeout_s: float
     device: str
     ort_threads: int
+    accuracy_loss: float = 0.01
+    adapt: bool = False
     extra: dict[str, str] = field(default_factory=dict)
 
     def as_env(self) -> dict[str, str]:
@@ -54,6 +56,8 @@ class Config:
             "OFFRAMP_REQUEST_TIMEOUT_S": str(self.request_timeout_s),
             "OFFRAMP_DEVICE": self.device,
             "OFFRAMP_ORT_THREADS": str(self.ort_threads),
+            "OFFRAMP_ACCURACY_LOSS": str(self.accuracy_loss),
+            "OFFRAMP_ADAPT": "1" if self.adapt else "0",
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
@@ -78,6 +82,8 @@ DOCUMENTED = [
     ("OFFRAMP_REQUEST_TIMEOUT_S", "5", "client-side timeout of CLI requests"),
     ("OFFRAMP_DEVICE", "auto", "auto | cpu | cuda: ONNX Runtime execution provider"),
     ("OFFRAMP_ORT_THREADS", "0", "ONNX Runtime intra-op threads (0 = runtime default)"),
+    ("OFFRAMP_ACCURACY_LOSS", "0.01", "accuracy constraint: largest allowed loss of agreement with the final model"),
+    ("OFFRAMP_ADAPT", "0", "1: `offramp up` also runs the tuner (continual exit adaptation)"),
 ]
 
 
@@ -101,6 +107,8 @@ def load() -> Config:
         request_timeout_s=float(_env("OFFRAMP_REQUEST_TIMEOUT_S", "5")),
         device=_env("OFFRAMP_DEVICE", "auto").lower(),
         ort_threads=int(_env("OFFRAMP_ORT_THREADS", "0")),
+        accuracy_loss=float(_env("OFFRAMP_ACCURACY_LOSS", "0.01")),
+        adapt=_env("OFFRAMP_ADAPT", "0").lower() in ("1", "true", "yes", "on"),
     )
 
 

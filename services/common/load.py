@@ -23,6 +23,7 @@ class Outcome:
     early: bool = False
     exit: int = -1
     label: int = -1
+    config_version: int = -1
 
 
 async def drive(nc: Client, model: str, inputs: list[dict[str, np.ndarray]], concurrency: int,
@@ -46,7 +47,7 @@ async def drive(nc: Client, model: str, inputs: list[dict[str, np.ndarray]], con
             try:
                 r = await infer(nc, model, inputs[i % len(inputs)], slo_ms, timeout=timeout)
                 out = Outcome(i, True, (time.perf_counter() - t0) * 1e3, "ok", bool(r["early"]),
-                              int(r["exit"]), int(r["label"]))
+                              int(r["exit"]), int(r["label"]), int(r["config_version"]))
             except InferError as exc:
                 out = Outcome(i, False, (time.perf_counter() - t0) * 1e3, exc.code)
             outcomes.append(out)

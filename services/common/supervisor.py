@@ -114,6 +114,8 @@ class Supervisor:
         base = [sys.executable, "-m", "services.cli", "serve"]
         self.children = [Child("router", base + ["router"]), Child("monitor", base + ["monitor"]),
                          Child("profiler", base + ["profiler"])]
+        if self.cfg.adapt:
+            self.children.append(Child("tuner", base + ["tuner"]))
         for model in self.deployment.models:
             cuts = self.deployment.cuts.get(model, [])
             for stage in range(len(cuts) + 1):

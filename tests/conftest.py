@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-MODELS_DIR = Path(os.environ.get("OFFRAMP_MODELS_DIR") or Path.home() / ".offramp" / "models")
+# Where dev.sh prepared the zoo: the same default as services.common.config.
+MODELS_DIR = Path(os.environ.get("OFFRAMP_MODELS_DIR")
+                  or Path(os.environ.get("OFFRAMP_HOME") or Path.home() / ".offramp") / "models")
 
 
 @pytest.fixture(scope="session")

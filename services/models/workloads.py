@@ -145,10 +145,12 @@ def _render(img: np.ndarray, cy: float, cx: float, zoom: float, size: int) -> np
 
 
 def iter_video_frames(
-    n: int, seed: int = 0, size: int = 224, chunk: int = 64
+    n: int, seed: int = 0, size: int = 224, chunk: int = 64, min_scene: int = 16,
+    max_scene: int = 120,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yield (frames float32 (k,3,size,size) normalised, scene_ids int64 (k,)) chunks."""
-    p = plan(n, seed)
+    """Yield (frames float32 (k,3,size,size) normalised, scene_ids int64 (k,)) chunks.
+    Scenes last ``min_scene``..``max_scene`` frames (a fixed camera lasts much longer)."""
+    p = plan(n, seed, min_scene, max_scene)
     imgs = photos()
     # Sensor noise from a small bank indexed by frame number: cheap, and chunking
     # cannot change which noise a frame gets.

@@ -76,14 +76,17 @@ def _write(folder: Path, stem: str, data: bytes) -> tuple[str, str]:
 
 
 def _marginal_ms(with_it: Callable[[], object], without: Callable[[], object],
-                 runs: int = 41) -> float:
+                 max_runs: int = 401, min_runs: int = 41, budget_s: float = 0.5) -> float:
     """Median extra time of ``with_it`` over ``without``, timed in alternation so machine
-    noise hits both alike; never below a microsecond (the difference can dip below 0)."""
+    noise hits both alike; many pairs for cheap calls (a ramp head costs microseconds), at
+    least ``min_runs`` for slow ones; never below a microsecond."""
     for _ in range(3):
         with_it()
         without()
-    diffs = []
-    for _ in range(runs):
+    diffs: list[float] = []
+    start = time.perf_counter()
+    while len(diffs) < max_runs and (len(diffs) < min_runs
+                                     or time.perf_counter() - start < budget_s):
         t = time.perf_counter()
         with_it()
         t1 = time.perf_counter()

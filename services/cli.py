@@ -298,12 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_status)
 
-    demo = sub.add_parser("demo", help="start the stack, stream real images, print a summary")
+    demo = sub.add_parser("demo", help="start the stack, stream real images through vanilla "
+                          "and through offramp's adaptive loop, print both side by side")
     demo.add_argument("--model", default="efficientnet-lite0")
-    demo.add_argument("--requests", type=int, default=600)
-    demo.add_argument("--concurrency", type=int, default=4)
-    demo.add_argument("--threshold", type=float, default=0.15,
-                      help="static exit threshold on 1 - max softmax for every ramp")
+    demo.add_argument("--requests", type=int, default=600, help="frames per run")
+    demo.add_argument("--concurrency", type=int, default=1,
+                      help="requests in flight (1 = light load, where early exits pay)")
     demo.add_argument("--json", help="write the summary here too")
     demo.set_defaults(fn=cmd_demo)
 
@@ -335,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     ec.add_argument("model")
     ec.add_argument("--threshold", type=float, help="one threshold for every active ramp")
     ec.add_argument("--set", action="append", default=[], help="RAMP=THRESHOLD")
-    ec.add_argument("--active", help="comma list of active ramps (default: all)")
+    ec.add_argument("--active", help="comma list of active ramps (default: all; none = vanilla)")
     ec.add_argument("--reason", default="set by hand (offramp exit-config)")
     ec.set_defaults(fn=cmd_exit_config)
     return p

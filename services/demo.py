@@ -1,4 +1,6 @@
-"""``offramp demo``: start the embedded stack, stream real video-like frames, summarise."""
+"""``offramp demo``: start the embedded stack and stream the same video-like frames from
+real photos twice — through the vanilla model (no ramps) and through offramp with the
+adaptive loop on (the tuner, from the initial deployment) — then print both side by side."""
 
 from __future__ import annotations
 
@@ -6,9 +8,10 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from services.common import bus
 from services.common import config as config_mod
@@ -19,38 +22,57 @@ from services.common.supervisor import Deployment, Supervisor, prepare_state
 def run_demo(args: argparse.Namespace) -> int:
     os.environ["OFFRAMP_MODELS"] = args.model
     cfg = config_mod.load()
-    say = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    say = lambda m: print(m, file=sys.stderr)
     prepare_state(cfg, say=say)
     sup = Supervisor(cfg, Deployment((args.model,)), log_dir=cfg.home / "logs")
+    tuner = None
     try:
         url = sup.start()
         say(f"demo: NATS at {url}; service logs in {cfg.home / 'logs'}")
         sup.wait_ready()
         from services.exit_config_cli import set_exit_config
-        set_exit_config(cfg, url, args.model, args.threshold, [], None,
-                        f"demo: static threshold {args.threshold} on every ramp")
-        summary = asyncio.run(_stream(cfg, url, args))
+        from services.worker.exits import initial_ramps
+
+        set_exit_config(cfg, url, args.model, 0.0, [], "none", "demo: vanilla run (no ramps)")
+        vanilla = asyncio.run(_stream(cfg, url, args, "vanilla"))
+        # The adaptive run starts where a fresh deployment does: evenly spaced ramps within
+        # the budget, thresholds 0; the tuner takes it from there on live feedback.
+        from services.models.manifest import Manifest
+
+        active = initial_ramps(Manifest.load(cfg.models_dir / args.model))
+        set_exit_config(cfg, url, args.model, 0.0, [], ",".join(map(str, active)) or "none",
+                        "demo: initial deployment for the adaptive run")
+        tuner = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "tuner"],
+                                 env={**sup.env}, stdout=subprocess.DEVNULL,
+                                 stderr=open(cfg.home / "logs" / "demo-tuner.log", "ab"))  # noqa: SIM115
+        time.sleep(2.0)  # connected and subscribed before the first frame
+        adaptive = asyncio.run(_stream(cfg, url, args, "offramp"))
     finally:
+        if tuner is not None:
+            tuner.terminate()
+            tuner.wait(timeout=15)
         sup.stop()
+    summary = {"model": args.model, "requests": args.requests,
+               "concurrency": args.concurrency, "vanilla": vanilla, "offramp": adaptive}
     _print_summary(summary)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)
-    return 0 if summary["errors"] == 0 else 1
+    return 0 if vanilla["errors"] == 0 and adaptive["errors"] == 0 else 1
 
 
-async def _stream(cfg, url: str, args: argparse.Namespace) -> dict:
+async def _stream(cfg, url: str, args: argparse.Namespace, label: str) -> dict:
     from services.models.zoo import sample_inputs
     from services.store.repository import Store
 
     batch = sample_inputs(args.model, args.requests, seed=1)
     inputs = [{k: v[i] for k, v in batch.items()} for i in range(args.requests)]
-    since = datetime.now(timezone.utc).replace(tzinfo=None)
     nc = await bus.connect(url, "offramp-demo")
-    await asyncio.sleep(0.5)  # let workers swap in the demo's exit config
+    await asyncio.sleep(0.5)  # let workers swap in the new exit config
+    since = datetime.now(UTC).replace(tzinfo=None)
     t0 = time.perf_counter()
     outcomes = await drive(nc, args.model, inputs, args.concurrency,
-                           on_done=Progress(len(inputs), "demo"))
+                           on_done=Progress(len(inputs), label))
     wall = time.perf_counter() - t0
     await nc.close()
     ok = [o for o in outcomes if o.ok]
@@ -63,26 +85,41 @@ async def _stream(cfg, url: str, args: argparse.Namespace) -> dict:
             agreement = rows[-1]["agreement"]
             break
         await asyncio.sleep(0.2)
+    versions = sorted({o.config_version for o in ok})
     store.close()
     lat = [o.latency_ms for o in ok]
-    return {"model": args.model, "requests": len(outcomes), "ok": len(ok),
-            "errors": len(outcomes) - len(ok), "threshold": args.threshold,
-            "p50_ms": percentile(lat, 50), "p95_ms": percentile(lat, 95),
+    return {"requests": len(outcomes), "ok": len(ok), "errors": len(outcomes) - len(ok),
+            "p25_ms": percentile(lat, 25), "p50_ms": percentile(lat, 50),
+            "p95_ms": percentile(lat, 95),
             "early_share": sum(o.early for o in ok) / len(ok) if ok else None,
-            "agreement": agreement, "throughput_rps": len(outcomes) / wall}
+            "agreement": agreement, "throughput_rps": len(outcomes) / wall,
+            "config_versions": len(versions)}
 
 
 def _print_summary(s: dict) -> None:
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
-    rows = [("model", s["model"]), ("requests", s["requests"]), ("ok / errors", f"{s['ok']} / {s['errors']}"),
-            ("p50 latency", f"{fmt(s['p50_ms'], '.1f')} ms"), ("p95 latency", f"{fmt(s['p95_ms'], '.1f')} ms"),
-            ("early-exit share", fmt(s["early_share"], ".1%")),
-            ("agreement with final model", fmt(s["agreement"], ".1%")),
-            ("throughput", f"{s['throughput_rps']:.1f} req/s"),
-            ("exit threshold (static)", s["threshold"])]
-    width = max(len(k) for k, _ in rows)
-    print("\nofframp demo summary")
-    for k, v in rows:
-        print(f"  {k:<{width}}  {v}")
+    v, o = s["vanilla"], s["offramp"]
+
+    def change(key):
+        if v[key] and o[key] is not None:
+            return f"{100 * (o[key] - v[key]) / v[key]:+.1f}%"
+        return ""
+
+    rows = [("requests (ok / errors)", f"{v['ok']} / {v['errors']}", f"{o['ok']} / {o['errors']}", ""),
+            ("p25 latency", f"{fmt(v['p25_ms'], '.1f')} ms", f"{fmt(o['p25_ms'], '.1f')} ms", change("p25_ms")),
+            ("p50 latency", f"{fmt(v['p50_ms'], '.1f')} ms", f"{fmt(o['p50_ms'], '.1f')} ms", change("p50_ms")),
+            ("p95 latency", f"{fmt(v['p95_ms'], '.1f')} ms", f"{fmt(o['p95_ms'], '.1f')} ms", change("p95_ms")),
+            ("early-exit share", fmt(v["early_share"], ".1%"), fmt(o["early_share"], ".1%"), ""),
+            ("agreement with final model", fmt(v["agreement"], ".2%"), fmt(o["agreement"], ".2%"), ""),
+            ("exit configs seen", str(v["config_versions"]), str(o["config_versions"]), ""),
+            ("throughput", f"{v['throughput_rps']:.1f} req/s", f"{o['throughput_rps']:.1f} req/s", "")]
+    w = max(len(r[0]) for r in rows)
+    print(f"\nofframp demo: {s['model']}, {s['requests']} video-like frames per run, "
+          f"{s['concurrency']} in flight (live)")
+    print(f"  {'':<{w}}  {'vanilla':>14}  {'offramp':>14}  {'change':>8}")
+    for k, a, b, c in rows:
+        print(f"  {k:<{w}}  {a:>14}  {b:>14}  {c:>8}")
+    print("  (offramp = the initial deployment + the tuner adapting thresholds and ramps live; "
+          "accuracy constraint 1%)")

@@ -20,7 +20,10 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
         if not ramps:
             print(f"error: model {model!r} is not registered (run `offramp up` or `offramp prepare`)")
             return 2
-        active_ramps = [int(a) for a in active.split(",")] if active else ramps
+        if active is not None and active.strip().lower() == "none":
+            active_ramps = []  # vanilla: no ramp runs, nothing exits
+        else:
+            active_ramps = [int(a) for a in active.split(",")] if active else ramps
         unknown = set(active_ramps) - set(ramps)
         if unknown:
             print(f"error: unknown ramp(s) {sorted(unknown)}; model has {ramps}")

@@ -220,16 +220,16 @@ def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, devi
         acts.append(x)
     for k, r in enumerate(ramps):
         # What serving pays: the head runs fused into its block's session (see
-        # StageRuntime.run_range), so its cost is the fused call minus the plain block.
+        # StageRuntime.run_range), so its cost is the fused call minus the same call without.
         i = r.after_block
         inp = one if i == 0 else acts[i - 1]
         by_batch = {}
         for b in BATCH_SIZES:
             xb = _tile(inp, b) if isinstance(inp, dict) else np.repeat(inp, b, axis=0)
             ob = _tile(one, b)
-            by_batch[str(b)] = _marginal_ms(lambda xb=xb, ob=ob, r=r: rt.run_range(
-                r.after_block, r.after_block + 1, xb, ob, r.index),
-                lambda xb=xb, ob=ob, i=i: rt.run_block(i, xb, ob))
+            by_batch[str(b)] = _marginal_ms(
+                lambda xb=xb, ob=ob, r=r, i=i: rt.run_range(i, i + 1, xb, ob, r.index),
+                lambda xb=xb, ob=ob, i=i: rt.run_range(i, i + 1, xb, ob))
         ramps[k] = replace(r, cost_ms=by_batch["1"], cost_by_batch=by_batch)
     manifest.full_ms = _median_ms(lambda: rt.run_all(one, one))
     unsplit_ms = _median_ms(lambda: full.run(None, one))

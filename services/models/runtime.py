@@ -59,6 +59,11 @@ def block_ranges(first: int, last: int, cut_after: set[int]) -> list[tuple[int, 
     return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
 
+def as_numpy(x: np.ndarray | ort.OrtValue) -> np.ndarray:
+    """A stage output as numpy (``run_range`` keeps activations in ONNX Runtime)."""
+    return x.numpy() if isinstance(x, ort.OrtValue) else x
+
+
 class StageRuntime:
     """Blocks [first_block, last_block) and the ramps after them, one session each."""
 
@@ -88,6 +93,7 @@ class StageRuntime:
 
         self._blocks = {b.index: load(b.file) for b in manifest.blocks[first_block:last_block]}
         self._so, self._providers = so, wanted
+        self._out_device = "cuda" if wanted[0] == CUDA else "cpu"
         self._merged: dict[tuple[int, int], ort.InferenceSession] = {}
         self._merge_lock = threading.Lock()
         self.ramps = manifest.ramps_in(first_block, last_block)
@@ -126,35 +132,45 @@ class StageRuntime:
     def _model_input(self, name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return np.ascontiguousarray(inputs[name], dtype=self._in_dtypes.get(name, np.float32))
 
-    def run_range(self, start: int, end: int, x: dict[str, np.ndarray] | np.ndarray,
+    def run_range(self, start: int, end: int, x: dict[str, np.ndarray] | np.ndarray | ort.OrtValue,
                   model_inputs: dict[str, np.ndarray] | None = None,
-                  ramp: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+                  ramp: int | None = None) -> tuple[ort.OrtValue, np.ndarray | None]:
         """Blocks [start, end), plus the head of ``ramp`` (sited after block ``end - 1``),
         as one ONNX Runtime call: (activation, ramp logits or None).
 
         A stage runs the blocks between two active ramps in one call instead of one per
-        block, and the ramp head rides along in the same graph: each call costs tens of
-        microseconds, which on a small model would cost more than the ramp itself."""
-        if end - start == 1 and ramp is None:
-            return self.run_block(start, x, model_inputs), None
-        sess = self.merged(start, end, ramp)
+        block, and the ramp head rides along in the same graph. The activation stays an
+        ``OrtValue`` (in ONNX Runtime's memory, on the GPU when there is one) from one
+        range to the next: copying it out to numpy at every split cost more than the
+        blocks' arithmetic on EfficientNet (13 ranges: 21.8 ms with numpy outputs, 14.9 ms
+        with bound ones, 15.6 ms unsplit). Call ``as_numpy`` on the stage's final output."""
+        sess = self.merged(start, end, ramp) if (end - start > 1 or ramp is not None) \
+            else self._blocks[start]
         if isinstance(x, dict):
             model_inputs = x if model_inputs is None else model_inputs
-        feeds = {}
+        io = sess.io_binding()
         for i in sess.get_inputs():
             if i.name in self._in_dtypes:
                 if model_inputs is None or i.name not in model_inputs:
                     raise ValueError(f"blocks {start}..{end - 1} read model input {i.name!r}")
-                feeds[i.name] = self._model_input(i.name, model_inputs)
+                io.bind_cpu_input(i.name, self._model_input(i.name, model_inputs))
             else:
                 act = x["x"] if isinstance(x, dict) else x
-                feeds[i.name] = np.ascontiguousarray(act, dtype=np.float32)
-        out = sess.run(None, feeds)
+                if isinstance(act, ort.OrtValue):
+                    io.bind_ortvalue_input(i.name, act)
+                else:
+                    io.bind_cpu_input(i.name, np.ascontiguousarray(act, dtype=np.float32))
+        outputs = sess.get_outputs()
+        io.bind_output(outputs[0].name, self._out_device)
+        for o in outputs[1:]:
+            io.bind_output(o.name, "cpu")  # ramp logits: small, read right away
+        sess.run_with_iobinding(io)
+        out = io.get_outputs()
         if ramp is None:
             return out[0], None
         if len(out) == 1:  # the head could not be fused (see merged): run it on its own
-            return out[0], self.run_ramp(ramp, out[0])
-        return out[0], out[1]
+            return out[0], self.run_ramp(ramp, as_numpy(out[0]))
+        return out[0], out[1].numpy()
 
     def merged(self, start: int, end: int, ramp: int | None = None) -> ort.InferenceSession:
         """The session for blocks [start, end) (+ a fused ramp head), assembled from the

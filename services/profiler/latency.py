@@ -145,14 +145,14 @@ def measure(
         x: dict[str, np.ndarray] | np.ndarray = feed
         acts: dict[int, np.ndarray] = {}
         for i in range(n):
-            timed("block", i, b, lambda i=i, x=x, feed=feed: rt.run_block(i, x, feed))
+            timed("block", i, b, lambda i=i, x=x, feed=feed: rt.run_range(i, i + 1, x, feed))
             x = rt.run_block(i, x, feed)  # the next block's real input
             acts[i] = x
         block_ms = {row["idx"]: row["ms"] for row in rows
                     if row["kind"] == "block" and row["batch_size"] == b}
         for r in manifest.ramps:
             # Workers run a ramp head fused into its block's session: its cost is the fused
-            # call minus the block alone (as `offramp prepare` measures it).
+            # call minus the block alone, both as workers call them (as `prepare` measures).
             i = r.after_block
             x_in = feed if i == 0 else acts[i - 1]
             timed("ramp", r.index, b, lambda r=r, x_in=x_in, feed=feed: rt.run_range(

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from schemas.messages import ExitConfig
-from services.models.runtime import block_ranges
+from services.models.runtime import as_numpy, block_ranges
 from services.worker.exits import exits_at, ramp_outcome
 
 # on_early(ramp, sample_indices, labels, scores, logits) for samples that exit at ``ramp``
@@ -56,4 +56,5 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
                 if on_early is not None:
                     idx = np.flatnonzero(mask)
                     on_early(ramp.index, idx, labels[idx], score[idx], logits[idx])
-    return StageOutcome(x, ids, preds, scores, exit_at, (time.perf_counter() - t0) * 1e3)
+    return StageOutcome(as_numpy(x), ids, preds, scores, exit_at,
+                        (time.perf_counter() - t0) * 1e3)

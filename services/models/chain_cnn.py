@@ -35,7 +35,6 @@ so a warm :func:`build_model` takes well under a second.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -51,6 +50,8 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from services.models.adam import Adam, torch_threads
 
 PHOTOS = (
     "astronaut",
@@ -344,54 +345,19 @@ def sample_inputs(n: int, seed: int = 0) -> dict[str, np.ndarray]:
 # --- training and cache ---------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _threads(n: int) -> Iterator[None]:
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
+def one_cycle(peak: float, steps: int) -> Callable[[int], float]:
+    """Learning rate at step t: linear warm-up from ``peak / 25`` over the first 20 % of
+    steps, then cosine decay to ``peak / 1e4``."""
+    warm = max(1, round(0.2 * steps))
+    low = peak / 1e4
 
-
-class _AdamW:
-    """AdamW (decoupled weight decay) with a one-cycle schedule: linear warm-up from
-    ``lr / 25`` over the first 20 % of steps, then cosine decay to ``lr / 1e4``.
-
-    Written out because ``torch.optim`` imports ``torch._dynamo`` on first use, which
-    costs seconds per process, more than a tenth of this whole training run.
-    """
-
-    def __init__(self, params: list[torch.Tensor], lr: float, weight_decay: float,
-                 steps: int, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.params = list(params)
-        self.peak, self.wd, self.steps, self.eps = lr, weight_decay, steps, eps
-        self.b1, self.b2 = betas
-        self.m = [torch.zeros_like(p) for p in self.params]
-        self.v = [torch.zeros_like(p) for p in self.params]
-        self.t = 0
-
-    def lr(self, t: int) -> float:
-        warm = max(1, round(0.2 * self.steps))
+    def lr(t: int) -> float:
         if t < warm:
-            return self.peak / 25 + (self.peak - self.peak / 25) * t / warm
-        frac = min(1.0, (t - warm) / max(1, self.steps - warm))
-        low = self.peak / 1e4
-        return low + (self.peak - low) * 0.5 * (1 + math.cos(math.pi * frac))
+            return peak / 25 + (peak - peak / 25) * t / warm
+        frac = min(1.0, (t - warm) / max(1, steps - warm))
+        return low + (peak - low) * 0.5 * (1 + math.cos(math.pi * frac))
 
-    @torch.no_grad()
-    def step(self) -> None:
-        lr = self.lr(self.t)
-        self.t += 1
-        c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
-        for p, m, v in zip(self.params, self.m, self.v, strict=True):
-            if p.grad is None:
-                continue
-            p.mul_(1 - lr * self.wd)
-            m.mul_(self.b1).add_(p.grad, alpha=1 - self.b1)
-            v.mul_(self.b2).addcmul_(p.grad, p.grad, value=1 - self.b2)
-            p.addcdiv_(m, (v / c2).sqrt_().add_(self.eps), value=-lr / c1)
-            p.grad = None
+    return lr
 
 
 def train(recipe: Recipe = RECIPE, log: Callable[[str], None] | None = None) -> ChainCNN:
@@ -404,10 +370,11 @@ def train(recipe: Recipe = RECIPE, log: Callable[[str], None] | None = None) -> 
     pool = cs.ids(held=False)
     rng = np.random.default_rng((recipe.seed, 1))
     gen = torch.Generator().manual_seed(recipe.seed)
-    with _threads(1), torch.enable_grad():
+    with torch_threads(1), torch.enable_grad():
         torch.manual_seed(recipe.seed)  # layer init draws from the global generator
         model = ChainCNN(recipe.layers, len(recipe.photos)).to(memory_format=torch.channels_last)
-        opt = _AdamW(list(model.parameters()), recipe.lr, recipe.weight_decay, recipe.steps)
+        opt = Adam(list(model.parameters()), one_cycle(recipe.lr, recipe.steps),
+                   weight_decay=recipe.weight_decay)
         model.train()
         for step in range(recipe.steps):
             x, ids = _iid(pool, recipe.batch, rng, gen, recipe)
@@ -415,6 +382,7 @@ def train(recipe: Recipe = RECIPE, log: Callable[[str], None] | None = None) -> 
             loss = F.cross_entropy(model(xb), torch.from_numpy(cs.photo[ids]))
             loss.backward()
             opt.step()
+            opt.zero_grad()
             if log and (step + 1) % 50 == 0:
                 log(f"step {step + 1}/{recipe.steps} loss {loss.item():.3f}")
     model = model.to(memory_format=torch.contiguous_format)

@@ -337,20 +337,17 @@ def fit_head(x: np.ndarray, y: np.ndarray, classes: int = CLASSES, steps: int = 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         head = torch.nn.Linear(x.shape[1], classes)
-    opt = torch.optim.Adam(head.parameters(), lr=lr)
-    threads = torch.get_num_threads()
+    from services.models.adam import Adam, torch_threads
+
+    opt = Adam(list(head.parameters()), lr=lr)
     # One thread: as fast for this small problem (a busy 2-core machine took 16 s with
     # two, under 2 s with one) and the same float results on any machine.
-    torch.set_num_threads(1)
-    try:
-        with torch.enable_grad():
-            for _ in range(steps):
-                opt.zero_grad(set_to_none=True)
-                loss = torch.nn.functional.cross_entropy(head(xt), yt, weight=weight)
-                loss.backward()
-                opt.step()
-    finally:
-        torch.set_num_threads(threads)
+    with torch_threads(1), torch.enable_grad():
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(head(xt), yt, weight=weight)
+            loss.backward()
+            opt.step()
     return head.weight.detach().numpy().copy(), head.bias.detach().numpy().copy()
 
 

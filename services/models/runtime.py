@@ -141,9 +141,10 @@ class StageRuntime:
         A stage runs the blocks between two active ramps in one call instead of one per
         block, and the ramp head rides along in the same graph. The activation stays an
         ``OrtValue`` (in ONNX Runtime's memory, on the GPU when there is one) from one
-        range to the next: copying it out to numpy at every split cost more than the
-        blocks' arithmetic on EfficientNet (13 ranges: 21.8 ms with numpy outputs, 14.9 ms
-        with bound ones, 15.6 ms unsplit). Call ``as_numpy`` on the stage's final output."""
+        range to the next: copying it out to numpy at every split was a large share of a
+        split stage's time on EfficientNet in a one-off timing (13 ranges, loaded machine:
+        21.8 ms with numpy outputs, 14.9 ms bound, 15.6 ms unsplit). Call ``as_numpy`` on
+        the stage's final output."""
         sess = self.merged(start, end, ramp) if (end - start > 1 or ramp is not None) \
             else self._blocks[start]
         if isinstance(x, dict):

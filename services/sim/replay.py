@@ -16,6 +16,9 @@ Policies, all on the same trace and arrivals:
 - ``offramp``: ``services.tuner.controller.ExitController``, fed only the active ramps'
   top-1 and score of each sample when the sample finishes; a new config applies from the next
   sample the worker starts at or after ``decision + delay``.
+- ``hindsight``: offramp's initial ramps with thresholds tuned on each block of samples with
+  that very block (perfect foresight): the most threshold tuning can get out of these ramps,
+  for telling a controller shortfall from a ramp shortfall (not a system anyone can run).
 - ``oracle``: each input exits at the earliest site whose top-1 equals the final one, with no
   ramp cost (Apparate §2.2's optimal exiting).
 
@@ -33,7 +36,7 @@ import numpy as np
 
 from services.models.arrivals import make_arrivals
 from services.sim.trace import Trace
-from services.tuner.controller import Decision, ExitController
+from services.tuner.controller import DEFAULT_TUNE_WINDOW, Decision, ExitController
 from services.tuner.initial import initial_active
 from services.tuner.ramp_adjust import DEFAULT_BUDGET
 from services.tuner.thresholds import (
@@ -45,7 +48,7 @@ from services.tuner.thresholds import (
     tune,
 )
 
-POLICIES = ("vanilla", "static", "offramp", "oracle")
+POLICIES = ("vanilla", "static", "offramp", "hindsight", "oracle")
 MODE = "replay simulation"
 
 
@@ -285,6 +288,39 @@ def grid_gaps(decisions: list[Decision], trace: Trace, constraint: float = DEFAU
             "tuned_savings_ms": tuned_sum / len(pick), "grid_savings_ms": grid_sum / len(pick)}
 
 
+def run_hindsight(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_CONSTRAINT,
+                  budget: float = DEFAULT_BUDGET, every: int = 512,
+                  window: int = 16) -> PolicyResult:
+    """A bound on what threshold tuning alone can do with these ramps: the initial deployment's
+    ramps (offramp's starting point), thresholds tuned by the same hill climb on each block of
+    ``every`` samples *with those very samples* (perfect foresight, per block). A causal tuner
+    only sees the past, so offramp sits between ``static`` and this; a wide gap says the
+    controller (not the ramps) leaves savings behind, a small gain here says the ramps do."""
+    prof = trace.profile()
+    active = initial_active({s: float(c) for s, c in enumerate(trace.ramp_cost_ms)},
+                            prof.full_ms, budget)
+    if every < 1:
+        raise ValueError("every must be >= 1")
+    blocks: list[tuple[float, ...]] = []
+    for start in range(0, trace.n_samples, every):
+        stop = min(start + every, trace.n_samples)
+        blocks.append(tune(trace.window(active, start, stop), prof, constraint).thresholds
+                      if active else ())
+    current = {"i": 0}
+
+    def get() -> tuple[tuple[int, ...], tuple[float, ...]]:
+        return active, tuple(blocks[current["i"] // every])
+
+    inner = _threshold_server(trace, get)
+
+    def serve(i: int) -> tuple[float, float, int, int]:
+        current["i"] = i
+        return inner(i)
+
+    lat, ans, site = _event_loop(trace, arrivals, serve, None)
+    return _result("hindsight", trace, lat, ans, site, window, active=list(active), every=every)
+
+
 def run_replay(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_CONSTRAINT,
                budget: float = DEFAULT_BUDGET, window: int = 16, delay_s: float = 0.0,
                static_frac: float = 0.1, grid_rounds: int = 8,
@@ -299,6 +335,9 @@ def run_replay(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_C
             out[name] = run_static(trace, arrivals, constraint, static_frac, window)
         elif name == "oracle":
             out[name] = run_oracle(trace, arrivals, window)
+        elif name == "hindsight":
+            every = int((controller or {}).get("tune_window", DEFAULT_TUNE_WINDOW))
+            out[name] = run_hindsight(trace, arrivals, constraint, budget, every, window)
         elif name == "offramp":
             ctl = make_controller(trace, constraint, budget, window=window, **(controller or {}))
             res = run_offramp(trace, arrivals, ctl, delay_s, window)

@@ -8,6 +8,7 @@ import pytest
 
 from services.sim.replay import (
     make_controller,
+    run_hindsight,
     run_offramp,
     run_oracle,
     run_replay,
@@ -76,6 +77,28 @@ def test_static_violates_on_drift_where_offramp_holds() -> None:
     assert static.agreement < 0.99
     assert off.agreement >= 0.99
     assert off.latency_ms.mean() < 10.0  # and still saves latency via ramp 1
+
+
+def test_hindsight_tunes_each_block_on_itself() -> None:
+    """On the drifting trace, a block after the turn tunes ramp 0 shut and ramp 1 open, so
+    every block meets the constraint and the second ramp still answers."""
+    tr = drifting()
+    hind = run_hindsight(tr, tr.arrival_s, every=200)
+    assert hind.extra["active"] == [0, 1]
+    agree = hind.answer == tr.final_pred
+    for s in range(0, tr.n_samples, 200):
+        assert agree[s: s + 200].mean() >= 0.99
+    late = slice(int(0.3 * tr.n_samples) + 200, None)
+    assert (hind.exit_site[late] == 1).all()  # ramp 0 (confidently wrong) never answers there
+    assert hind.latency_ms.mean() < 10.0
+    with pytest.raises(ValueError):
+        run_hindsight(tr, tr.arrival_s, every=0)
+
+
+def test_hindsight_bounds_the_causal_controller_on_drift() -> None:
+    tr = drifting()
+    res = run_replay(tr, tr.arrival_s, grid_rounds=0)
+    assert res["hindsight"].latency_ms.mean() <= res["offramp"].latency_ms.mean() + 1e-9
 
 
 def test_fifo_queueing_on_three_arrivals() -> None:
@@ -158,7 +181,7 @@ def test_bench_apparate_writes_json_and_svg(tmp_path, capsys) -> None:
                           "--grid-rounds", "2"]) == 0
     doc = json.loads(out.read_text())
     assert doc["mode"] == "replay simulation" and "replay simulation" in capsys.readouterr().out
-    for name in ("vanilla", "static", "offramp", "oracle"):
+    for name in ("vanilla", "static", "offramp", "hindsight", "oracle"):
         assert {"p25_ms", "p50_ms", "p95_ms", "agreement", "worst_window_agreement"} <= set(
             doc[name])
     assert {"tuning_ms_p50", "adjust_ms_p50", "grid_gap", "machine"} <= set(doc)

@@ -128,7 +128,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         upgrade(cfg.database_url)
         store = Store(cfg.database_url)
         try:
-            register_prepared(store, path)
+            register_prepared(store, path, cfg.ramp_budget)
         finally:
             store.close()
     print(path)
@@ -140,16 +140,21 @@ def _ramp_table(manifest, report: dict) -> str:
               f"{len(manifest.ramps)} ramps; full model {manifest.full_ms:.3f} ms at batch 1, "
               f"{manifest.base_params:,} params"),
              (f"  {'ramp':>4} {'site':>4}  {'tensor':<44} {'agreement':>9} {'cost ms':>8} "
-              f"{'% blocks':>8} {'% unsplit':>9} {'% @b16':>7} {'params %':>8}")]
+              f"{'% blocks':>8} {'% unsplit':>9} {'% @b16':>7} {'params %':>8} {'serve ms':>8} "
+              f"{'% unspl':>7}")]
     for r in report["ramps"]:
         lines.append(f"  {r['ramp']:>4} {r['site']:>4}  {r['tensor'][-44:]:<44} "
                      f"{r['agreement']:>9.3f} {r['cost_ms']:>8.4f} "
                      f"{100 * (r['cost_share'] or 0):>7.2f}% "
                      f"{100 * (r['cost_share_unsplit'] or 0):>8.2f}% "
                      f"{100 * (r['cost_share_unsplit_b16'] or 0):>6.2f}% "
-                     f"{100 * (r['params_share'] or 0):>7.2f}%")
-    lines.append("  (% blocks: of the chained blocks at batch 1; % unsplit: of the unsplit model "
-                 "at batch 1; % @b16: the same at batch 16)")
+                     f"{100 * (r['params_share'] or 0):>7.2f}% "
+                     f"{r.get('serve_ms') or 0:>8.3f} "
+                     f"{100 * (r.get('serve_share_unsplit') or 0):>6.2f}%")
+    lines.append("  (cost: the ramp head, fused into its block; % blocks: of the chained blocks at "
+                 "batch 1; % unsplit: of the unsplit model at batch 1; % @b16: the same at batch "
+                 "16; serve: what activating the ramp adds to a worker's stage at batch 1 - the "
+                 "split there plus the head - and its share of the unsplit model)")
     return "\n".join(lines)
 
 

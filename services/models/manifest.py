@@ -78,6 +78,11 @@ class RampSpec:
     cost_ms: float  # measured batch-1 latency of the ramp head
     site: str = ""  # the graph tensor the ramp reads (its cut vertex)
     cost_by_batch: dict[str, float] = field(default_factory=dict)  # batch size -> ms
+    # What a worker pays (batch 1, ms; 0 = not measured): the merged block range from the
+    # input to this site, and activating the ramp (its stage splits here + the fused head),
+    # over the unsplit range. ``services.tuner.window.LatencyProfile.from_manifest``.
+    prefix_ms: float = 0.0
+    serve_ms: float = 0.0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RampSpec:

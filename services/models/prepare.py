@@ -231,6 +231,7 @@ def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, devi
                 lambda xb=xb, ob=ob, r=r, i=i: rt.run_range(i, i + 1, xb, ob, r.index),
                 lambda xb=xb, ob=ob, i=i: rt.run_range(i, i + 1, xb, ob))
         ramps[k] = replace(r, cost_ms=by_batch["1"], cost_by_batch=by_batch)
+    range_ms = _serving_costs(rt, ramps, len(blocks), one)
     manifest.full_ms = _median_ms(lambda: rt.run_all(one, one))
     unsplit_ms = _median_ms(lambda: full.run(None, one))
     unsplit_by_batch = _costs(lambda b: full.run(None, _tile(one, b)), BATCH_SIZES)
@@ -242,6 +243,7 @@ def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, devi
         "full_model_sha256": full_digest,
         "unsplit_ms": unsplit_ms,
         "unsplit_by_batch": unsplit_by_batch,
+        "range_ms": range_ms,
         "bootstrap_samples": len(feats.labels),
         "bootstrap_seed": BOOTSTRAP_SEED,
         "agreement_estimate": "5-fold cross-validation by scene/group",
@@ -266,6 +268,32 @@ def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, devi
     (folder / SITES_FILE).write_text(report.summary() + "\n", encoding="utf-8")
     manifest.save(folder)
     return manifest
+
+
+def _serving_costs(rt, ramps: list[RampSpec], n_blocks: int, one: dict[str, np.ndarray]) -> float:
+    """What a worker pays at batch 1, in place in ``ramps``: ``prefix_ms`` (the merged range
+    from the input to the ramp's site) and ``serve_ms`` (activating the ramp: its stage splits
+    there into two ONNX Runtime calls and its head runs fused into the first, over the
+    unsplit range; never below the head's own cost). Returns the unsplit range's latency."""
+    from services.models.runtime import as_numpy
+
+    def upto(end: int) -> object:
+        return as_numpy(rt.run_range(0, end, one)[0])
+
+    range_ms = _median_ms(lambda: upto(n_blocks))
+    for k, r in enumerate(ramps):
+        i = r.after_block
+        if i + 1 < n_blocks:
+            def split(i: int = i, ramp: int = r.index) -> object:
+                act, _ = rt.run_range(0, i + 1, one, one, ramp)
+                return as_numpy(rt.run_range(i + 1, n_blocks, act, one)[0])
+
+            serve = _marginal_ms(split, lambda: upto(n_blocks))
+        else:
+            serve = r.cost_ms  # nothing runs after it: no split
+        ramps[k] = replace(r, prefix_ms=_median_ms(lambda i=i: upto(i + 1)),
+                           serve_ms=round(max(serve, r.cost_ms), 4))
+    return range_ms
 
 
 def _fingerprint(src: ModelSource, n: int) -> str:
@@ -294,7 +322,10 @@ def sites_json(manifest: Manifest) -> dict:
                    "params": r.params,
                    "params_share": round(r.params / manifest.base_params, 5)
                    if manifest.base_params else None,
-                   "cost_by_batch": r.cost_by_batch} for r in manifest.ramps],
+                   "cost_by_batch": r.cost_by_batch,
+                   "prefix_ms": r.prefix_ms, "serve_ms": r.serve_ms,
+                   "serve_share_unsplit": _share(r.serve_ms, manifest.meta.get("unsplit_ms"))}
+                  for r in manifest.ramps],
         "full_ms": manifest.full_ms,
         "unsplit_ms": manifest.meta.get("unsplit_ms"),
         "base_params": manifest.base_params,

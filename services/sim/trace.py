@@ -152,12 +152,9 @@ def _stderr(msg: str) -> None:
 
 
 def manifest_profile(manifest: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(prefix_ms, ramp_cost_ms) from a manifest's measured batch-1 block and ramp costs,
-    ramps in index order (sites are ordered along the model)."""
-    ramps = sorted(manifest.ramps, key=lambda r: r.index)
-    blocks = [b.cost_ms for b in manifest.blocks]
-    prof = LatencyProfile.from_blocks(blocks, [r.after_block for r in ramps],
-                                      [r.cost_ms for r in ramps])
+    """(prefix_ms, ramp_cost_ms) a worker pays at batch 1, ramps in index order (sites are
+    ordered along the model): ``LatencyProfile.from_manifest``."""
+    prof = LatencyProfile.from_manifest(manifest)
     return np.array(prof.prefix_ms), np.array(prof.ramp_cost_ms)
 
 
@@ -198,6 +195,6 @@ def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
     prefix, cost = manifest_profile(manifest)
     info = {"model": manifest.name, "model_version": manifest.version, "score": score,
             "ramp_ids": ids, "after_block": [manifest.ramp(i).after_block for i in ids],
-            "latency_source": "manifest block cost_ms (batch 1)", **(meta or {})}
+            "latency_source": "manifest serving profile (batch 1; LatencyProfile.from_manifest)", **(meta or {})}
     return Trace(np.concatenate(preds, axis=1), np.concatenate(scores, axis=1).astype(np.float64),
                  np.concatenate(finals), prefix, cost, arrivals, info)

@@ -31,10 +31,8 @@ STATE_EVERY_S = 5.0  # also save the controller state this often while feedback 
 
 
 def profile_of(manifest: Manifest) -> LatencyProfile:
-    """Prefix latency to every ramp site and ramp costs, from the prepare-time profile."""
-    ramps = sorted(manifest.ramps, key=lambda r: r.index)
-    return LatencyProfile.from_blocks([b.cost_ms for b in manifest.blocks],
-                                      [r.after_block for r in ramps], [r.cost_ms for r in ramps])
+    """Prefix latency to every ramp site and ramp serving costs, from the prepare-time profile."""
+    return LatencyProfile.from_manifest(manifest)
 
 
 def window_of(msg: dict[str, Any]) -> ExitWindow | None:
@@ -83,7 +81,7 @@ class Tuner:
         active = sorted(int(r) for r in latest.active) if latest is not None else ramps
         th = {int(k): float(v) for k, v in (latest.thresholds if latest is not None else {}).items()}
         return ExitController(profile_of(manifest), active, [th.get(r, 0.0) for r in active],
-                              constraint=self.cfg.accuracy_loss)
+                              constraint=self.cfg.accuracy_loss, budget=self.cfg.ramp_budget)
 
     async def on_samples(self, msg: Msg) -> None:
         try:

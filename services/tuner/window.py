@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 
@@ -78,6 +79,24 @@ class LatencyProfile:
             raise ValueError(f"after_block entries must lie in [0, {blocks.size - 1}]")
         cum = np.cumsum(blocks)
         return cls.build(np.append(cum[after], cum[-1]), ramp_cost_ms)
+
+    @classmethod
+    def from_manifest(cls, manifest: Any) -> LatencyProfile:
+        """What a worker pays, ramps in index order (sites follow the model): prefix = the
+        merged block range up to each site, full = the unsplit range, ramp cost = activating
+        the ramp (the stage splits there, and its head runs fused), all measured by
+        ``offramp prepare``. A ramp's serving cost is several times its head's: ONNX Runtime
+        pays per call and converts the activation's layout at both ends of a split.
+        Manifests prepared before those were measured fall back to summed block costs and
+        head costs."""
+        ramps = sorted(manifest.ramps, key=lambda r: r.index)
+        full = float(manifest.meta.get("range_ms") or 0.0)
+        if full > 0 and all(r.prefix_ms > 0 and r.serve_ms > 0 for r in ramps):
+            # medians of separate timings: keep the order the model imposes
+            prefix = np.minimum(np.maximum.accumulate([r.prefix_ms for r in ramps] + [full]), full)
+            return cls.build(prefix, [r.serve_ms for r in ramps])
+        return cls.from_blocks([b.cost_ms for b in manifest.blocks],
+                               [r.after_block for r in ramps], [r.cost_ms for r in ramps])
 
     def check_sites(self, ramp_ids: Sequence[int]) -> None:
         """Raise if any ramp id is not a site of this profile."""

@@ -31,8 +31,13 @@ def initial_config(model: str, ramp_ids: list[int]) -> ExitConfig:
                       active=list(ramp_ids))
 
 
-def initial_ramps(manifest) -> list[int]:
-    """The initial deployment's active ramps: evenly spaced within the ramp budget."""
-    from services.tuner.initial import initial_active
+def initial_ramps(manifest, budget: float | None = None) -> list[int]:
+    """The initial deployment's active ramps: evenly spaced within the ramp budget, costed
+    as a worker pays them (``LatencyProfile.from_manifest``)."""
+    from services.tuner.initial import DEFAULT_BUDGET, initial_active
+    from services.tuner.window import LatencyProfile
 
-    return initial_active({r.index: r.cost_ms for r in manifest.ramps}, manifest.full_ms)
+    prof = LatencyProfile.from_manifest(manifest)
+    ids = sorted(r.index for r in manifest.ramps)
+    return initial_active({r: float(prof.ramp_cost_ms[k]) for k, r in enumerate(ids)},
+                          prof.full_ms, DEFAULT_BUDGET if budget is None else budget)

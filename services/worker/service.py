@@ -71,7 +71,7 @@ class Worker:
         self.ramps = manifest.ramps_in(plan.first_block, plan.last_block)
         # Model inputs that blocks after this stage read: passed along with the activation.
         self.carry = manifest.model_inputs_of(plan.last_block, manifest.num_blocks)
-        self.config = initial_config(plan.model, initial_ramps(manifest))
+        self.config = initial_config(plan.model, initial_ramps(manifest, cfg.ramp_budget))
         self.next_config: ExitConfig | None = None
         self.queue: asyncio.Queue[tuple[Batch, float]] = asyncio.Queue()
         self.outbox: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()

@@ -1,7 +1,8 @@
 """chain-cnn: the project-trained VGG-style chain CNN and its offline photo-crop data.
 
 The full model comes from the default cache (``$OFFRAMP_HOME/cache``): the first run
-ever trains it (~15-30 s on 2 cores), later runs load it in well under a second.
+ever trains it (~2-2.5 min on one thread of a busy 2-core box), later runs load it in well
+under a second.
 Determinism of training itself is checked on a few-step recipe in a tmp cache.
 """
 
@@ -77,7 +78,7 @@ def test_warm_build_is_fast_and_identical(model):
 
 def test_held_out_accuracy_is_far_above_chance(model):
     acc = cc.accuracy(model, n=1000, seed=1)
-    assert acc > 0.7, acc  # chance is 0.1; ~0.85-0.9 measured
+    assert acc > 0.7, acc  # chance is 0.1; ~0.86-0.9 measured
 
 
 def test_onnx_export_matches_torch(model, onnx_bytes):
@@ -104,9 +105,11 @@ def test_find_sites_after_every_conv_layer_but_the_last(onnx_bytes):
     assert convs_before == list(range(1, cc.CONV_LAYERS))
     assert [s.op for s in report.sites] == ["MaxPool", "MaxPool", "Relu", "MaxPool", "Relu",
                                             "MaxPool", "Relu"]
-    assert [s.shape[1:] for s in report.sites] == [(16, 16, 16), (32, 8, 8), (64, 8, 8),
-                                                   (64, 4, 4), (128, 4, 4), (128, 2, 2),
-                                                   (128, 2, 2)]
+    # Each site carries its conv layer's width at that layer's (pooled) resolution.
+    w = [v for v in cc.LAYERS if isinstance(v, int)]
+    assert [s.shape[1:] for s in report.sites] == [(w[0], 16, 16), (w[1], 8, 8), (w[2], 8, 8),
+                                                   (w[3], 4, 4), (w[4], 4, 4), (w[5], 2, 2),
+                                                   (w[6], 2, 2)]
     last_relu = [n for n in nodes if n.op_type == "Relu"][-1].output[0]
     why = {r.tensor: r.reason for r in report.rejected}
     assert why[last_relu].startswith("only the head remains")

@@ -39,6 +39,10 @@ def test_layout_follows_manifest(tiny_models):
         assert r.file == f"ramp_{r.index}.{r.sha256[:12]}.onnx"
         assert r.params == 32 * 10 + 10 and 0.5 < r.agreement <= 1.0 and r.cost_ms > 0
     assert m.full_ms > 0 and m.base_params > 0
+    # What a worker pays: prefixes grow along the model, and activating a ramp costs at
+    # least its head (the split there comes on top).
+    assert m.meta["range_ms"] > 0
+    assert all(r.prefix_ms > 0 and r.serve_ms >= r.cost_ms for r in m.ramps)
     assert m.verify(d) == []
     assert not list(tiny_models.glob(".tiny.tmp-*"))  # temp folder is gone
 
@@ -93,3 +97,28 @@ def test_sample_inputs():
     assert np.array_equal(x["x"], sample_inputs("tiny", 5, seed=2)["x"])
     img = sample_inputs("efficientnet-lite0", 2, seed=0)["image"]
     assert img.shape == (2, 3, 224, 224) and img.dtype == np.float32
+
+
+def test_serving_profile_from_manifest(tiny_models):
+    from dataclasses import replace
+
+    from services.tuner.window import LatencyProfile
+
+    m = Manifest.load(tiny_models / "tiny")
+    prof = LatencyProfile.from_manifest(m)
+    assert prof.full_ms == m.meta["range_ms"]
+    assert list(prof.ramp_cost_ms) == [r.serve_ms for r in m.ramps]
+    assert np.all(np.diff(prof.prefix_ms) >= 0)  # noise in separate medians cannot reorder
+    # A manifest prepared before serving costs were measured: summed blocks, head costs.
+    old = replace(m, ramps=[replace(r, prefix_ms=0.0, serve_ms=0.0) for r in m.ramps])
+    prof = LatencyProfile.from_manifest(old)
+    assert list(prof.ramp_cost_ms) == [r.cost_ms for r in m.ramps]
+    assert prof.full_ms == pytest.approx(sum(b.cost_ms for b in m.blocks))
+
+
+def test_initial_ramps_follow_the_serving_budget(tiny_models):
+    from services.worker.exits import initial_ramps
+
+    m = Manifest.load(tiny_models / "tiny")
+    assert initial_ramps(m, budget=100.0) == [0, 1, 2]  # every ramp fits a huge budget
+    assert initial_ramps(m, budget=0.0) == []

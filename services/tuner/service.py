@@ -71,9 +71,15 @@ class Tuner:
         saved = self.store.tuner_state(name)
         if latest is not None and saved is not None and saved["config_version"] == latest.version:
             ctrl = ExitController.from_dict(saved["state"])
-            self.log.info("tuner resumed %s", logs.kv(model=name, version=latest.version,
-                                                       samples=ctrl.seen))
-            return ModelTuner(name, ctrl, latest.version)
+            prof = profile_of(manifest)
+            if prof.n_sites == ctrl.profile.n_sites:
+                # costs as measured now (a re-preparation re-measures them), budget as configured
+                ctrl.profile, ctrl.budget = prof, self.cfg.ramp_budget
+                self.log.info("tuner resumed %s", logs.kv(model=name, version=latest.version,
+                                                           samples=ctrl.seen))
+                return ModelTuner(name, ctrl, latest.version)
+            self.log.warning("saved tuner state has %d sites, the model now %d: starting from "
+                             "the config in force", ctrl.profile.n_sites, prof.n_sites)
         return ModelTuner(name, self._fresh(manifest, latest), latest.version if latest else 0)
 
     def _fresh(self, manifest: Manifest, latest) -> ExitController:

@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add(parser, "--json", help="output file")
     _add(parser, "--plot", help="apparate: latency/threshold plot (.svg; .png needs matplotlib)")
     _add(parser, "--arrivals", help="apparate: arrival spec overriding the trace's, e.g. "
-         "poisson:10 (default: the trace's arrival_s)")
+         "poisson:10 (default: the trace's arrival_s, else Poisson light load at "
+         "LIGHT_LOAD of the full model's capacity)")
     _add(parser, "--seed", type=int, default=0, help="apparate: seed of --arrivals")
     _add(parser, "--constraint", type=float, default=0.01, help="tolerated agreement loss")
     _add(parser, "--budget", type=float, default=0.02, help="ramp budget (share of the model)")
@@ -236,6 +237,14 @@ def _svg(roll: dict[str, np.ndarray], th: np.ndarray, active: np.ndarray) -> str
     return "\n".join(parts) + "\n"
 
 
+LIGHT_LOAD = 0.2  # utilisation of the default arrivals for a trace without its own
+
+
+def light_load(full_ms: float) -> str:
+    """A Poisson arrival spec that keeps one vanilla worker ``LIGHT_LOAD`` busy."""
+    return f"poisson:{LIGHT_LOAD * 1000.0 / full_ms:.4g}"
+
+
 def run(args: argparse.Namespace) -> int:
     from services.sim.replay import arrivals_for, run_replay
     from services.sim.trace import Trace, TraceError
@@ -245,6 +254,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         trace = Trace.load(args.trace)
+        if args.arrivals is None and trace.arrival_s is None:
+            args.arrivals = light_load(float(trace.prefix_ms[-1]))
+            print(f"the trace has no arrival_s: replaying light load {args.arrivals} "
+                  f"({LIGHT_LOAD:.0%} of the full model's capacity; --arrivals to choose)",
+                  file=sys.stderr)
         arrivals = arrivals_for(trace, args.arrivals, args.seed)
     except (TraceError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -187,3 +187,18 @@ def test_bench_apparate_writes_json_and_svg(tmp_path, capsys) -> None:
     assert {"tuning_ms_p50", "adjust_ms_p50", "grid_gap", "machine"} <= set(doc)
     assert ET.parse(svg).getroot().tag.endswith("svg")
     assert apparate.main(["--trace", str(tmp_path / "nope.npz"), "--json", str(out)]) == 2
+
+
+def test_bench_apparate_defaults_to_light_load_without_arrivals(tmp_path, capsys) -> None:
+    import json
+
+    from services.bench import apparate
+
+    tr = easy(n=200)
+    bare = Trace(tr.ramp_pred, tr.ramp_score, tr.final_pred, tr.prefix_ms, tr.ramp_cost_ms, None)
+    path = bare.save(tmp_path / "bare.npz")
+    out = tmp_path / "out.json"
+    assert apparate.main(["--trace", str(path), "--json", str(out), "--grid-rounds", "0"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["arrivals"] == "poisson:20"  # 20% of a 10 ms model's 100 req/s
+    assert "no arrival_s" in capsys.readouterr().err

@@ -39,7 +39,6 @@ def run_demo(args: argparse.Namespace) -> int:
         # The adaptive run starts where a fresh deployment does: evenly spaced ramps within
         # the budget, thresholds 0; the tuner takes it from there on live feedback.
         from services.models.manifest import Manifest
-
         from services.tuner.window import LatencyProfile
 
         manifest = Manifest.load(cfg.models_dir / args.model)

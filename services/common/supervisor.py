@@ -80,7 +80,7 @@ def ensure_prepared(cfg: Config, name: str, say=print) -> Path:
     return model_dir
 
 
-def register_prepared(store, model_dir: Path, budget: float | None = None) -> None:
+def register_prepared(store, model_dir: Path, budget: float) -> None:
     """Record a prepared model (models, artifacts, ramps) and its initial exit config."""
     from services.models.manifest import Manifest
     from services.worker.exits import initial_ramps

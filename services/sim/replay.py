@@ -124,12 +124,13 @@ def _result(name: str, trace: Trace, lat: np.ndarray, ans: np.ndarray, site: np.
                         float(window_agreements(agree, window).min()), extra)
 
 
-def _threshold_server(trace: Trace, get: Callable[[], tuple[tuple[int, ...], tuple[float, ...]]]
-                      ) -> Serve:
+def _threshold_server(trace: Trace,
+                      get: Callable[[int], tuple[tuple[int, ...], tuple[float, ...]]]) -> Serve:
+    """Serve sample i under the config ``get(i)`` (active ramps, their thresholds)."""
     prefix, cost, full = trace.prefix_ms, trace.ramp_cost_ms, float(trace.prefix_ms[-1])
 
     def serve(i: int) -> tuple[float, float, int, int]:
-        active, th = get()
+        active, th = get(i)
         paid = 0.0
         busy = full + sum(cost[s] for s in active)
         for s, t in zip(active, th):
@@ -142,7 +143,7 @@ def _threshold_server(trace: Trace, get: Callable[[], tuple[tuple[int, ...], tup
 
 
 def run_vanilla(trace: Trace, arrivals: np.ndarray, window: int = 16) -> PolicyResult:
-    lat, ans, site = _event_loop(trace, arrivals, _threshold_server(trace, lambda: ((), ())),
+    lat, ans, site = _event_loop(trace, arrivals, _threshold_server(trace, lambda i: ((), ())),
                                  None)
     return _result("vanilla", trace, lat, ans, site, window)
 
@@ -182,7 +183,7 @@ def run_static(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_C
                frac: float = 0.1, window: int = 16) -> PolicyResult:
     t = static_threshold(trace, constraint, frac)
     cfg = (tuple(range(trace.n_sites)), (t,) * trace.n_sites)
-    lat, ans, site = _event_loop(trace, arrivals, _threshold_server(trace, lambda: cfg), None)
+    lat, ans, site = _event_loop(trace, arrivals, _threshold_server(trace, lambda i: cfg), None)
     return _result("static", trace, lat, ans, site, window, threshold=t, tuned_on_frac=frac)
 
 
@@ -204,7 +205,7 @@ def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
     raw: list[Decision] = []
     wall: dict[str, list[float]] = {"tune": [], "adjust": [], "record": [], "skipped": []}
     n_active = np.empty(trace.n_samples, np.int64)
-    inner = _threshold_server(trace, lambda: deployed["cfg"])
+    inner = _threshold_server(trace, lambda i: deployed["cfg"])
 
     def serve(i: int) -> tuple[float, float, int, int]:
         n_active[i] = len(deployed["cfg"][0])
@@ -289,7 +290,7 @@ def grid_gaps(decisions: list[Decision], trace: Trace, constraint: float = DEFAU
 
 
 def run_hindsight(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_CONSTRAINT,
-                  budget: float = DEFAULT_BUDGET, every: int = 512,
+                  budget: float = DEFAULT_BUDGET, every: int = DEFAULT_TUNE_WINDOW,
                   window: int = 16) -> PolicyResult:
     """A bound on what threshold tuning alone can do with these ramps: the initial deployment's
     ramps (offramp's starting point), thresholds tuned by the same hill climb on each block of
@@ -304,19 +305,9 @@ def run_hindsight(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAUL
     blocks: list[tuple[float, ...]] = []
     for start in range(0, trace.n_samples, every):
         stop = min(start + every, trace.n_samples)
-        blocks.append(tune(trace.window(active, start, stop), prof, constraint).thresholds
+        blocks.append(tuple(tune(trace.window(active, start, stop), prof, constraint).thresholds)
                       if active else ())
-    current = {"i": 0}
-
-    def get() -> tuple[tuple[int, ...], tuple[float, ...]]:
-        return active, tuple(blocks[current["i"] // every])
-
-    inner = _threshold_server(trace, get)
-
-    def serve(i: int) -> tuple[float, float, int, int]:
-        current["i"] = i
-        return inner(i)
-
+    serve = _threshold_server(trace, lambda i: (active, blocks[i // every]))
     lat, ans, site = _event_loop(trace, arrivals, serve, None)
     return _result("hindsight", trace, lat, ans, site, window, active=list(active), every=every)
 

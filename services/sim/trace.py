@@ -151,13 +151,6 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def manifest_profile(manifest: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(prefix_ms, ramp_cost_ms) a worker pays at batch 1, ramps in index order (sites are
-    ordered along the model): ``LatencyProfile.from_manifest``."""
-    prof = LatencyProfile.from_manifest(manifest)
-    return np.array(prof.prefix_ms), np.array(prof.ramp_cost_ms)
-
-
 def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
                  score: str = "max_softmax", arrivals: np.ndarray | None = None,
                  progress: Callable[[str], None] | None = _stderr, total: int | None = None,
@@ -192,9 +185,10 @@ def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
             progress(f"trace {manifest.name}: {done}{of} samples ({rate:.1f}/s)")
     if not finals:
         raise TraceError("no inputs given: a trace needs at least one sample")
-    prefix, cost = manifest_profile(manifest)
+    prof = LatencyProfile.from_manifest(manifest)
     info = {"model": manifest.name, "model_version": manifest.version, "score": score,
             "ramp_ids": ids, "after_block": [manifest.ramp(i).after_block for i in ids],
-            "latency_source": "manifest serving profile (batch 1; LatencyProfile.from_manifest)", **(meta or {})}
+            "latency_source": "manifest serving profile, batch 1 (LatencyProfile.from_manifest)",
+            **(meta or {})}
     return Trace(np.concatenate(preds, axis=1), np.concatenate(scores, axis=1).astype(np.float64),
-                 np.concatenate(finals), prefix, cost, arrivals, info)
+                 np.concatenate(finals), prof.prefix_ms, prof.ramp_cost_ms, arrivals, info)

@@ -49,6 +49,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from services.tuner.initial import DEFAULT_BUDGET
 from services.tuner.thresholds import (
     DEFAULT_CONSTRAINT,
     Replay,
@@ -60,7 +61,6 @@ from services.tuner.thresholds import (
 from services.tuner.window import ExitWindow, LatencyProfile
 
 ADJUST_EVERY = 128     # samples between adjustment rounds (§3.3)
-DEFAULT_BUDGET = 0.02  # worst-case latency the active ramps may add, as a fraction of the model
 ACTIONS = ("retune", "deactivate_and_trial", "add_earlier", "shift_earlier", "keep")
 _TOL = 1e-9
 

@@ -30,11 +30,6 @@ from services.tuner.window import ExitWindow, LatencyProfile
 STATE_EVERY_S = 5.0  # also save the controller state this often while feedback arrives
 
 
-def profile_of(manifest: Manifest) -> LatencyProfile:
-    """Prefix latency to every ramp site and ramp serving costs, from the prepare-time profile."""
-    return LatencyProfile.from_manifest(manifest)
-
-
 def window_of(msg: dict[str, Any]) -> ExitWindow | None:
     """The feedback a sample-telemetry message carries (active ramps only), or None."""
     ids = [int(r) for r in msg.get("ramp_ids") or []]
@@ -71,7 +66,7 @@ class Tuner:
         saved = self.store.tuner_state(name)
         if latest is not None and saved is not None and saved["config_version"] == latest.version:
             ctrl = ExitController.from_dict(saved["state"])
-            prof = profile_of(manifest)
+            prof = LatencyProfile.from_manifest(manifest)
             if prof.n_sites == ctrl.profile.n_sites:
                 # costs as measured now (a re-preparation re-measures them), budget as configured
                 ctrl.profile, ctrl.budget = prof, self.cfg.ramp_budget
@@ -86,7 +81,7 @@ class Tuner:
         ramps = sorted(r.index for r in manifest.ramps)
         active = sorted(int(r) for r in latest.active) if latest is not None else ramps
         th = {int(k): float(v) for k, v in (latest.thresholds if latest is not None else {}).items()}
-        return ExitController(profile_of(manifest), active, [th.get(r, 0.0) for r in active],
+        return ExitController(LatencyProfile.from_manifest(manifest), active, [th.get(r, 0.0) for r in active],
                               constraint=self.cfg.accuracy_loss, budget=self.cfg.ramp_budget)
 
     async def on_samples(self, msg: Msg) -> None:

@@ -6,6 +6,7 @@ import numpy as np
 
 from schemas.messages import ExitConfig
 from services.models.scores import exit_score
+from services.tuner.initial import DEFAULT_BUDGET, initial_active
 
 
 def ramp_outcome(logits: np.ndarray, score_kind: str) -> tuple[np.ndarray, np.ndarray]:
@@ -31,13 +32,12 @@ def initial_config(model: str, ramp_ids: list[int]) -> ExitConfig:
                       active=list(ramp_ids))
 
 
-def initial_ramps(manifest, budget: float | None = None) -> list[int]:
+def initial_ramps(manifest, budget: float = DEFAULT_BUDGET) -> list[int]:
     """The initial deployment's active ramps: evenly spaced within the ramp budget, costed
     as a worker pays them (``LatencyProfile.from_manifest``)."""
-    from services.tuner.initial import DEFAULT_BUDGET, initial_active
     from services.tuner.window import LatencyProfile
 
     prof = LatencyProfile.from_manifest(manifest)
     ids = sorted(r.index for r in manifest.ramps)
     return initial_active({r: float(prof.ramp_cost_ms[k]) for k, r in enumerate(ids)},
-                          prof.full_ms, DEFAULT_BUDGET if budget is None else budget)
+                          prof.full_ms, budget)

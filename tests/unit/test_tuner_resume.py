@@ -4,6 +4,7 @@ with the model's current serving profile and the configured ramp budget."""
 from __future__ import annotations
 
 import logging
+
 import pytest
 
 from services.common import config as config_mod
@@ -11,7 +12,7 @@ from services.models.manifest import Manifest
 from services.store.migrate import upgrade
 from services.store.repository import Store
 from services.tuner.controller import ExitController
-from services.tuner.service import Tuner, profile_of
+from services.tuner.service import Tuner
 from services.tuner.window import LatencyProfile
 
 MODEL = "tiny"
@@ -36,7 +37,7 @@ def _save(tuner: Tuner, profile: LatencyProfile, version: int) -> None:
 def test_resume_refreshes_profile_and_budget(tuner, models_dir):
     manifest = Manifest.load(models_dir / MODEL)
     row = tuner.store.save_exit_config(MODEL, {0: 0.1, 1: 0.2}, [0, 1], "latency", "test")
-    current = profile_of(manifest)
+    current = LatencyProfile.from_manifest(manifest)
     stale = LatencyProfile.build(current.prefix_ms * 3, current.ramp_cost_ms * 5)
     _save(tuner, stale, row.version)
     got = tuner.load(MODEL).controller
@@ -48,7 +49,7 @@ def test_resume_refreshes_profile_and_budget(tuner, models_dir):
 def test_resume_with_other_sites_starts_from_the_config_in_force(tuner, models_dir):
     manifest = Manifest.load(models_dir / MODEL)
     row = tuner.store.save_exit_config(MODEL, {0: 0.1, 1: 0.2}, [0, 1], "latency", "test")
-    more = profile_of(manifest)
+    more = LatencyProfile.from_manifest(manifest)
     wider = LatencyProfile.build([*more.prefix_ms[:-1], more.prefix_ms[-1], more.prefix_ms[-1]],
                                  [*more.ramp_cost_ms, 0.001])
     _save(tuner, wider, row.version)

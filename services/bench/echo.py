@@ -1,8 +1,8 @@
 """The transport floor for ``offramp bench overhead``: the pipeline's message path with no
 work in it. ``relay`` forwards each request to ``echo`` keeping the client's reply subject
 (like the router dispatching to a worker), and ``echo`` answers the client directly with
-a reply of a given size (like a worker's result). Run as separate processes, as the
-services are: ``python -m services.bench.echo relay|echo URL [REPLY_BYTES]``."""
+a reply of a given size (like a worker's result), both over the same request-path
+transport as the services (``services.common.hotpath``). Run as separate processes: ``python -m services.bench.echo relay|echo URL [REPLY_BYTES]``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import asyncio
 import sys
 
 from services.common import bus
+from services.common.hotpath import publish_now, subscribe_direct
 from services.common.runtime import run_service
 
 RELAY = "offramp.bench.relay"
@@ -20,13 +21,13 @@ async def _serve(role: str, url: str, reply_bytes: int, stop: asyncio.Event) -> 
     nc = await bus.connect(url, f"offramp-bench-{role}")
     answer = b"\0" * reply_bytes
 
-    async def relay(msg) -> None:
-        await nc.publish(ECHO, msg.data, reply=msg.reply)
+    def relay(msg) -> None:
+        publish_now(nc, ECHO, msg.data, reply=msg.reply)
 
-    async def echo(msg) -> None:
-        await nc.publish(msg.reply, answer)
+    def echo(msg) -> None:
+        publish_now(nc, msg.reply, answer)
 
-    await nc.subscribe(RELAY if role == "relay" else ECHO, cb=relay if role == "relay" else echo)
+    await subscribe_direct(nc, RELAY if role == "relay" else ECHO, relay if role == "relay" else echo)
     await nc.flush()
     print("ready", flush=True)
     await stop.wait()

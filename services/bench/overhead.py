@@ -26,6 +26,7 @@ from schemas.codec import pack
 from services.common import bus
 from services.common import config as config_mod
 from services.common.client import infer
+from services.common.hotpath import requester
 from services.common.load import drive, percentile
 from services.common.supervisor import Deployment, Supervisor, prepare_state
 
@@ -59,6 +60,7 @@ async def _light_load(nc, cfg, model: str, requests: int) -> dict:
     from services.models.zoo import sample_inputs
 
     run_local = _inprocess(cfg, model)
+    floor_path = await requester(nc)  # the request path offramp's client uses
     batch = sample_inputs(model, min(requests, 64), seed=3)
     samples = [{k: v[i] for k, v in batch.items()} for i in range(len(next(iter(batch.values()))))]
     framed = [pack({"v": 1, "id": f"floor-{i}", "model": model, "inputs": s})
@@ -66,7 +68,7 @@ async def _light_load(nc, cfg, model: str, requests: int) -> dict:
     for i, s in enumerate(samples[:10]):  # warm every path
         run_local(s)
         await infer(nc, model, s, timeout=10)
-        await nc.request(RELAY, framed[i], timeout=10)
+        await floor_path.request(RELAY, framed[i], timeout=10)
     local, piped, floor = [], [], []
     for i in range(requests):
         s = samples[i % len(samples)]
@@ -74,7 +76,7 @@ async def _light_load(nc, cfg, model: str, requests: int) -> dict:
         t0 = time.perf_counter()
         await infer(nc, model, s, timeout=10)
         t1 = time.perf_counter()
-        await nc.request(RELAY, framed[i % len(samples)], timeout=10)
+        await floor_path.request(RELAY, framed[i % len(samples)], timeout=10)
         piped.append((t1 - t0) * 1e3)
         floor.append((time.perf_counter() - t1) * 1e3)
         if (i + 1) % max(1, requests // 5) == 0:

@@ -13,6 +13,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from schemas import subjects
 from schemas.codec import SCHEMA_VERSION, pack, unpack
+from services.common.hotpath import requester
 
 
 class InferError(Exception):
@@ -39,7 +40,7 @@ async def infer(nc: Client, model: str, inputs: dict[str, np.ndarray], slo_ms: f
 
 async def request_raw(nc: Client, subject: str, data: bytes, timeout: float) -> dict[str, Any]:
     try:
-        resp = await nc.request(subject, data, timeout=timeout)
+        resp = await (await requester(nc)).request(subject, data, timeout)
     except NoRespondersError:
         raise InferError("no_responders", f"nothing serves {subject}: is `offramp up` running?") from None
     except NatsTimeout:

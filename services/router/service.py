@@ -33,6 +33,7 @@ from schemas.messages import (
 )
 from services.common import bus, logs
 from services.common.config import Config
+from services.common.hotpath import publish_now, subscribe_direct
 from services.common.runtime import spawn
 from services.router.edf_queue import EDFQueue, Pending, QueueFull
 from services.router.model_specs import ModelSpec, load_specs
@@ -75,10 +76,11 @@ class Router:
         self.pending: dict[str, Pending] = {}
         self.tasks: set[asyncio.Task] = set()
         self.started = time.monotonic()
+        self.batches = 0
 
     # ------------------------------------------------------------------ intake
 
-    async def on_infer(self, msg: Msg) -> None:
+    def on_infer(self, msg: Msg) -> None:
         now = time.monotonic()
         subject_model = msg.subject.rsplit(".", 1)[-1]
         rid = None
@@ -108,25 +110,32 @@ class Router:
                                    f"queue for {subject_model!r} is full ({state.queue.limit} waiting)",
                                    retry_after_ms=round(retry, 1)) from None
             self.pending[req.id] = entry
-            await self.kick(subject_model, state)
+            self.kick(subject_model, state)
         except ServingError as exc:
             if rid is None:
                 rid = request_id_of(msg.data)
-            await self._reply_error_raw(msg.reply, rid, subject_model, exc, now)
+            self._reply_error_raw(msg.reply, rid, subject_model, exc, now)
         except Exception as exc:
             self.log.exception("intake failed")
-            await self._reply_error_raw(msg.reply, rid, subject_model,
+            self._reply_error_raw(msg.reply, rid, subject_model,
                                         ServingError(errors.INTERNAL, f"router error: {exc!r}"), now)
 
     def policy_batch(self) -> int:
         return getattr(self.policy, "max_batch", 1)
 
-    async def _reply_error_raw(self, reply: str | None, rid: str | None, model: str,
+    def _reply_error_raw(self, reply: str | None, rid: str | None, model: str,
                                exc: ServingError, start: float) -> None:
         if reply:
-            await self.nc.publish(reply, encode_error(rid, exc.code, exc.message, **exc.extra))
+            self._publish(reply, encode_error(rid, exc.code, exc.message, **exc.extra))
         if model in self.models:
             self._record_error(model, rid, time.time(), start, exc.code)
+
+    def _publish(self, subject: str, data: bytes) -> None:
+        """A reply to a client: written at once; a failure (closed connection) is logged."""
+        try:
+            publish_now(self.nc, subject, data)
+        except Exception as exc:  # noqa: BLE001
+            self.log.error("reply not sent subject=%s error=%r", subject, exc)
 
     def _record_error(self, model: str, rid: str | None, received_wall: float, start: float,
                       code: str) -> None:
@@ -138,15 +147,15 @@ class Router:
 
     # ------------------------------------------------------------------ replies
 
-    async def reply_error(self, entry: Pending, code: str, message: str, **extra) -> None:
+    def reply_error(self, entry: Pending, code: str, message: str, **extra) -> None:
         if entry.replied:
             return
         entry.replied = True
         self.pending.pop(entry.id, None)
-        await self.nc.publish(entry.reply, encode_error(entry.id, code, message, **extra))
+        self._publish(entry.reply, encode_error(entry.id, code, message, **extra))
         self._record_error(entry.model, entry.id, entry.received_wall, entry.arrival, code)
 
-    async def on_results(self, msg: Msg) -> None:
+    def on_results(self, msg: Msg) -> None:
         try:
             res = Results.decode(decode_map(msg.data))
         except Exception as exc:  # noqa: BLE001
@@ -159,7 +168,7 @@ class Router:
             for rid in res.ids:
                 entry = self.pending.get(rid)
                 if entry is not None:
-                    await self.reply_error(entry, code,
+                    self.reply_error(entry, code,
                                            f"worker {res.worker} failed: {res.error.get('message')}")
         else:
             for i, rid in enumerate(res.ids):
@@ -171,7 +180,7 @@ class Router:
                 label, score, exit_ = int(res.labels[i]), float(res.scores[i]), int(res.exits[i])
                 if not res.direct:  # else the worker has answered the client itself
                     outputs = {} if res.logits is None else {"logits": res.logits[i]}
-                    await self.nc.publish(entry.reply, encode_reply(
+                    self._publish(entry.reply, encode_reply(
                         rid, entry.model, outputs, label, score, exit_, res.early, latency,
                         res.config_version))
                 state = self.models[entry.model]
@@ -187,23 +196,23 @@ class Router:
                 state = self.models[inflight.model]
                 elapsed = (now - inflight.dispatched) * 1e3
                 state.service_ms = 0.8 * state.service_ms + 0.2 * elapsed
-                await self.kick(inflight.model, state)
+                self.kick(inflight.model, state)
 
     # ------------------------------------------------------------------ dispatch
 
-    async def kick(self, model: str, state: ModelState) -> None:
+    def kick(self, model: str, state: ModelState) -> None:
         """Dispatch right here when nothing else is dispatching (saves a task switch on
         the latency path); a policy that wants to wait hands over to the dispatch loop."""
         if state.dispatching:
             state.wake.set()
             return
-        if await self._dispatch_pass(model, state) is not None:
+        if self._dispatch_pass(model, state) is not None:
             state.wake.set()
 
-    async def _dispatch_pass(self, model: str, state: ModelState) -> float | None:
+    def _dispatch_pass(self, model: str, state: ModelState) -> float | None:
         state.dispatching = True
         try:
-            return await self._dispatch_ready(model, state)
+            return self._dispatch_ready(model, state)
         except Exception:
             self.log.exception("dispatch failed model=%s", model)
             return 0.05
@@ -222,9 +231,9 @@ class Router:
             timeout = None
             if state.dispatching:
                 continue  # the running pass re-checks the queue before it ends
-            timeout = await self._dispatch_pass(model, state)
+            timeout = self._dispatch_pass(model, state)
 
-    async def _dispatch_ready(self, model: str, state: ModelState) -> float | None:
+    def _dispatch_ready(self, model: str, state: ModelState) -> float | None:
         while len(state.queue):
             worker = self.registry.pick(model)
             if worker is None:
@@ -243,14 +252,14 @@ class Router:
                 if entry.replied:
                     continue
                 if now + state.service_ms / 1000.0 > entry.deadline:
-                    await self.reply_error(entry, errors.DEADLINE_EXCEEDED,
+                    self.reply_error(entry, errors.DEADLINE_EXCEEDED,
                                            f"cannot finish within the SLO: about {state.service_ms:.1f} ms "
                                            f"needed, {(entry.deadline - now) * 1e3:.1f} ms left")
                     continue
                 batch.append(entry)
             if not batch:
                 continue
-            await self._send(model, state, worker.id, batch, now)
+            self._send(model, state, worker.id, batch, now)
         return None
 
     def _payload_cap(self, n: int, head: Pending) -> int:
@@ -259,11 +268,13 @@ class Router:
         budget = self.nc.max_payload - 64 * 1024     # room for ids and envelope
         return max(1, min(n, budget // sample))
 
-    async def _send(self, model: str, state: ModelState, worker_id: str, batch: list[Pending],
+    def _send(self, model: str, state: ModelState, worker_id: str, batch: list[Pending],
                     now: float) -> None:
-        batch_id = uuid.uuid4().hex[:12]
+        self.batches += 1
+        batch_id = f"{self.id[7:]}-{self.batches:x}"  # unique: router ids are
         names = state.spec.input_names
-        inputs = {n: np.stack([e.inputs[n] for e in batch]) for n in names}
+        inputs = ({n: batch[0].inputs[n][None] for n in names} if len(batch) == 1 else
+                  {n: np.stack([e.inputs[n] for e in batch]) for n in names})
         for e in batch:
             e.attempts += 1
         # Workers answer clients directly (one hop less on every request); the router
@@ -276,12 +287,12 @@ class Router:
         w = self.registry.workers[worker_id]
         w.inflight[batch_id] = Inflight(batch_id, worker_id, model, batch, now, len(batch))
         try:
-            await self.nc.publish(subjects.work(worker_id), data)
+            publish_now(self.nc, subjects.work(worker_id), data)
         except Exception as exc:  # noqa: BLE001 - e.g. MaxPayloadError: fail these requests clearly
             w.inflight.pop(batch_id, None)
             code = errors.PAYLOAD_TOO_LARGE if "payload" in repr(exc).lower() else errors.INTERNAL
             for e in batch:
-                await self.reply_error(e, code, f"cannot send batch of {len(batch)} to a worker "
+                self.reply_error(e, code, f"cannot send batch of {len(batch)} to a worker "
                                        f"({len(data)} bytes): {exc!r}")
 
     # ------------------------------------------------------------------ liveness
@@ -306,11 +317,11 @@ class Router:
         while not stop.is_set():
             await asyncio.sleep(SWEEP_S)
             try:
-                await self._sweep(time.monotonic())
+                self._sweep(time.monotonic())
             except Exception:
                 self.log.exception("sweep failed")
 
-    async def _sweep(self, now: float) -> None:
+    def _sweep(self, now: float) -> None:
         for dead in self.registry.expire(now):
             self.log.warning("worker lost %s", logs.kv(worker=dead.id, model=dead.model,
                                                        stage=dead.stage, inflight=len(dead.inflight)))
@@ -320,25 +331,24 @@ class Router:
                     if e.replied:
                         continue
                     if e.attempts >= MAX_ATTEMPTS:
-                        await self.reply_error(e, errors.NO_WORKERS,
+                        self.reply_error(e, errors.NO_WORKERS,
                                                f"{e.attempts} workers were lost while serving it")
                     else:
                         state.queue.push(e, force=True)
                 state.wake.set()
         for name, state in self.models.items():
             for e in state.queue.expire(now):
-                await self.reply_error(e, errors.DEADLINE_EXCEEDED,
-                                       "deadline passed while queued")
+                self.reply_error(e, errors.DEADLINE_EXCEEDED, "deadline passed while queued")
             if self.registry.has_stage0(name):
                 state.no_worker_since = None
             elif state.no_worker_since is None:
                 state.no_worker_since = now
             elif now - state.no_worker_since > NO_WORKER_GRACE_S and len(state.queue):
                 for e in state.queue.drain():
-                    await self.reply_error(e, errors.NO_WORKERS, f"no live worker serves {name!r}")
+                    self.reply_error(e, errors.NO_WORKERS, f"no live worker serves {name!r}")
         late = [e for e in self.pending.values() if e.deadline <= now]
         for e in late:
-            await self.reply_error(e, errors.DEADLINE_EXCEEDED, "deadline passed while in flight")
+            self.reply_error(e, errors.DEADLINE_EXCEEDED, "deadline passed while in flight")
 
     # ------------------------------------------------------------------ telemetry + status
 
@@ -382,11 +392,11 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     nc = await bus.connect(cfg.nats_url or "nats://127.0.0.1:4222", "offramp-router")
     await bus.ensure_telemetry_stream(nc)
     router = Router(nc, cfg, specs, make_policy("fixed", cfg.max_batch, cfg.batch_timeout_ms), log)
-    await nc.subscribe(subjects.INFER_ALL, queue=subjects.ROUTER_QUEUE, cb=router.on_infer)
+    await subscribe_direct(nc, subjects.INFER_ALL, router.on_infer, queue=subjects.ROUTER_QUEUE)
     await nc.subscribe(subjects.MODELS, queue=subjects.ROUTER_QUEUE, cb=router.on_models)
     await nc.subscribe(subjects.STATUS_ROUTER, cb=router.on_status)
     await nc.subscribe(subjects.HEARTBEAT, cb=router.on_heartbeat)
-    await nc.subscribe(subjects.results(router.id), cb=router.on_results)
+    await subscribe_direct(nc, subjects.results(router.id), router.on_results)
     spawn(router.sweep_loop(stop), router.tasks, log)
     spawn(router.record_loop(stop), router.tasks, log)
     for name in router.models:
@@ -395,7 +405,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     await stop.wait()
     # Answer everything still pending so no client waits for a reply that never comes.
     for entry in list(router.pending.values()):
-        await router.reply_error(entry, errors.NO_WORKERS, "router shutting down")
+        router.reply_error(entry, errors.NO_WORKERS, "router shutting down")
     await router.flush_records()
     for t in list(router.tasks):
         t.cancel()

@@ -25,6 +25,7 @@ from schemas import subjects
 from schemas.messages import Batch, ExitConfig, Results, decode_map, encode_map, encode_reply
 from services.common import bus, logs
 from services.common.config import Config
+from services.common.hotpath import flush_now, publish_many, publish_now, subscribe_direct
 from services.common.runtime import spawn
 from services.models.manifest import Manifest
 from services.models.runtime import StageRuntime
@@ -74,12 +75,10 @@ class Worker:
         self.config = initial_config(plan.model, initial_ramps(manifest, cfg.ramp_budget))
         self.next_config: ExitConfig | None = None
         self.queue: asyncio.Queue[tuple[Batch, float]] = asyncio.Queue()
-        self.outbox: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
         self.loop = asyncio.get_running_loop()
         self.tasks: set[asyncio.Task] = set()
         self.busy = False
         self.inline = False
-        self.inline_out: list[tuple[str, bytes]] = []
         self.telemetry = TelemetryBuffer()
         self.batches = 0
         self.stage_ms = sum(b.cost_ms for b in manifest.blocks[plan.first_block:plan.last_block]) + \
@@ -88,7 +87,7 @@ class Worker:
 
     # ------------------------------------------------------------------ messages
 
-    async def on_batch(self, msg: Msg) -> None:
+    def on_batch(self, msg: Msg) -> None:
         try:
             batch = Batch.decode(decode_map(msg.data))
         except Exception as exc:  # noqa: BLE001 - malformed: nothing to answer, say so loudly
@@ -96,7 +95,7 @@ class Worker:
             return
         received = time.monotonic()
         if self.queue.empty() and not self.busy and self._is_inline(batch):
-            await self.process(batch, received)  # idle and trivial: no hand-off to the run task
+            self.process_inline(batch, received)  # idle and trivial: no hand-off to the run task
         else:
             self.queue.put_nowait((batch, received))
 
@@ -125,60 +124,79 @@ class Worker:
                 out.setdefault(r.after_block, r.index)
         return out
 
-    def _publish_threadsafe(self, subject: str, data: bytes) -> None:
-        # One outbox keeps publishes in order: an early result always precedes its final.
-        # An inline batch collects its messages and publishes them itself, in order.
+    def _publish_threadsafe(self, messages: list[tuple[str, bytes]], flush: bool = False) -> None:
+        """Publishes stay in order (an early result always precedes its final): an inline
+        batch publishes at once (``flush``: write now, not when the read chunk is done);
+        a batch in a thread hands them to the event loop, whose callbacks run in order."""
         if self.inline:
-            self.inline_out.append((subject, data))
+            self._publish(messages)
+            if flush:
+                flush_now(self.nc)
         else:
-            self.loop.call_soon_threadsafe(self.outbox.put_nowait, (subject, data))
+            self.loop.call_soon_threadsafe(self._publish, messages)
 
-    async def publish_loop(self) -> None:
-        while True:
-            await self._publish(*await self.outbox.get())
-
-    async def _publish(self, subject: str, data: bytes) -> None:
+    def _publish(self, messages: list[tuple[str, bytes]]) -> None:
         try:
-            await self.nc.publish(subject, data)
-        except Exception as exc:  # noqa: BLE001 - e.g. oversize activations: say which
-            self.log.error("publish failed subject=%s bytes=%d error=%r", subject, len(data), exc)
+            publish_many(self.nc, messages)
+        except Exception:  # noqa: BLE001 - e.g. oversize activations: send the rest, say which
+            for subject, data in messages:
+                try:
+                    publish_now(self.nc, subject, data)
+                except Exception as exc:  # noqa: BLE001
+                    self.log.error("publish failed subject=%s bytes=%d error=%r",
+                                   subject, len(data), exc)
 
     # ------------------------------------------------------------------ compute
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await self.process(*await self.queue.get())
+            batch, received = await self.queue.get()
+            if self._is_inline(batch):
+                self.process_inline(batch, received)
+            else:
+                await self.process_threaded(batch, received)
 
     def _is_inline(self, batch: Batch) -> bool:
         return self.stage_ms * len(batch.ids) < INLINE_COMPUTE_MS
 
-    async def process(self, batch: Batch, received: float) -> None:
-        if self.next_config is not None:
+    def _begin(self, inline: bool) -> None:
+        if self.next_config is not None:  # between batches, never mid-batch
             self.config, self.next_config = self.next_config, None
             self.log.info("exit config applied %s", logs.kv(version=self.config.version))
         self.busy = True
-        self.inline = self._is_inline(batch)
+        self.inline = inline
+
+    def _end(self) -> None:
+        self.busy = False
+        self.inline = False
+        self.batches += 1
+
+    def process_inline(self, batch: Batch, received: float) -> None:
+        """A trivial batch on the event loop: each message goes out as soon as it is made."""
+        self._begin(inline=True)
         try:
-            if self.inline:
-                self.inline_out = []
-                try:
-                    self.compute(batch, self.config, received)
-                finally:
-                    out, self.inline_out = self.inline_out, []
-                    for subject, data in out:
-                        await self._publish(subject, data)
-            else:
-                await self.loop.run_in_executor(None, self.compute, batch, self.config, received)
-        except Exception as exc:
-            self.log.exception("batch failed batch=%s", batch.batch_id)
-            await self._publish(batch.router, Results(
-                batch.batch_id, self.id, self.plan.stage, batch.ids, np.zeros(0), np.zeros(0),
-                np.zeros(0), None, False, self.config.version, release=self.plan.stage == 0,
-                error={"code": "payload_too_large" if "max_payload" in str(exc) else "internal",
-                       "message": repr(exc)}).encode())
+            self.compute(batch, self.config, received)
+        except Exception as exc:  # noqa: BLE001 - answered as a failed batch
+            self._fail(batch, exc)
         finally:
-            self.busy = False
-            self.batches += 1
+            self._end()
+
+    async def process_threaded(self, batch: Batch, received: float) -> None:
+        self._begin(inline=False)
+        try:
+            await self.loop.run_in_executor(None, self.compute, batch, self.config, received)
+        except Exception as exc:  # noqa: BLE001 - answered as a failed batch
+            self._fail(batch, exc)
+        finally:
+            self._end()
+
+    def _fail(self, batch: Batch, exc: Exception) -> None:
+        self.log.error("batch failed batch=%s error=%r", batch.batch_id, exc, exc_info=exc)
+        self._publish([(batch.router, Results(
+            batch.batch_id, self.id, self.plan.stage, batch.ids, np.zeros(0), np.zeros(0),
+            np.zeros(0), None, False, self.config.version, release=self.plan.stage == 0,
+            error={"code": "payload_too_large" if "max_payload" in str(exc) else "internal",
+                   "message": repr(exc)}).encode())])
 
     def compute(self, batch: Batch, config: ExitConfig, received: float) -> None:
         """Run this stage on one batch (called in a worker thread) and publish what it yields."""
@@ -199,6 +217,15 @@ class Worker:
                       None if batch.ramp_score is None else list(batch.ramp_score),
                       model_inputs)
         stage_ms = batch.stage_ms + [out.ms]
+        if self.plan.is_last:  # answer first: the records below are bookkeeping
+            logits = out.output
+            labels, score = ramp_outcome(logits, config.score)
+            rest = np.flatnonzero(out.exit_at < 0)
+            finals = (labels, score, logits) if len(rest) == n else \
+                (labels[rest], score[rest], logits[rest])
+            self._answer(batch, config, received, rest, finals[0], finals[1],
+                         np.full(len(rest), -1, dtype=np.int32), finals[2], early=False,
+                         release=self.plan.stage == 0)
         ramp_pred = np.stack(out.ramp_pred) if out.ramp_pred else np.zeros((0, n), np.int32)
         ramp_score = np.stack(out.ramp_score) if out.ramp_score else np.zeros((0, n), np.float32)
         if not self.plan.is_last:
@@ -212,16 +239,10 @@ class Worker:
                 raise ValueError(f"activations after block {self.plan.last_block - 1} are "
                                  f"{len(nxt)} bytes, over the NATS max_payload of "
                                  f"{self.nc.max_payload}: cut the model later or use smaller batches")
-            self._publish_threadsafe(subjects.stage(self.plan.model, self.plan.stage + 1), nxt)
+            self._publish_threadsafe([(subjects.stage(self.plan.model, self.plan.stage + 1), nxt)])
             if self.plan.stage == 0:
                 self._release(batch, config)
             return
-        logits = out.output
-        labels, score = ramp_outcome(logits, config.score)
-        rest = np.flatnonzero(out.exit_at < 0)
-        self._answer(batch, config, received, rest, labels[rest], score[rest],
-                     np.full(len(rest), -1, dtype=np.int32), logits[rest], early=False,
-                     release=self.plan.stage == 0)
         part = {
             "model": self.plan.model, "worker": self.id, "batch_id": batch.batch_id,
             "config_version": config.version, "mode": config.mode, "score": config.score,
@@ -230,26 +251,21 @@ class Worker:
             "ramp_score": ramp_score, "exit_at": out.exit_at, "final_pred": labels, "final_score": score,
             "batch_size": n, "stage_ms": stage_ms, "t": time.time()}
         if self.inline:
-            self._add_telemetry(part, inline=True)
+            self._add_telemetry(part)
         else:
-            self.loop.call_soon_threadsafe(self._add_telemetry, part, False)
+            self.loop.call_soon_threadsafe(self._add_telemetry, part)
 
-    def _add_telemetry(self, part: dict, inline: bool) -> None:
-        """Coalesce telemetry (services/worker/telemetry.py); published after the results
-        it describes: with an inline batch's own messages, else through the ordered outbox."""
-        for msg in self.telemetry.add(part, time.monotonic()):
-            item = (subjects.telemetry_samples(self.plan.model), encode_map(**msg))
-            if inline:
-                self.inline_out.append(item)
-            else:
-                self.outbox.put_nowait(item)
+    def _add_telemetry(self, part: dict) -> None:
+        """Coalesce telemetry (services/worker/telemetry.py); on the event loop, after the
+        results it describes."""
+        self._publish([(subjects.telemetry_samples(self.plan.model), encode_map(**msg))
+                       for msg in self.telemetry.add(part, time.monotonic())])
 
     async def telemetry_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await asyncio.sleep(self.telemetry.max_age_s / 2)
             if (msg := self.telemetry.due(time.monotonic())) is not None:
-                self.outbox.put_nowait((subjects.telemetry_samples(self.plan.model),
-                                        encode_map(**msg)))
+                self._publish([(subjects.telemetry_samples(self.plan.model), encode_map(**msg))])
 
     def _answer(self, batch: Batch, config: ExitConfig, received: float, idx: np.ndarray,
                 labels: np.ndarray, scores: np.ndarray, exits: np.ndarray, logits: np.ndarray,
@@ -259,23 +275,23 @@ class Worker:
         itself only for batches without reply subjects)."""
         ids = [batch.ids[i] for i in idx]
         direct = len(batch.replies) == len(batch.ids) and len(batch.ages_ms) == len(batch.ids)
-        if direct:
+        if direct:  # the clients' answers go out first, before any bookkeeping
             waited = (time.monotonic() - received) * 1e3
-            for k, i in enumerate(idx):
-                self._publish_threadsafe(batch.replies[i], encode_reply(
-                    ids[k], batch.model, {"logits": logits[k]}, int(labels[k]), float(scores[k]),
-                    int(exits[k]), early, batch.ages_ms[i] + waited, config.version))
+            self._publish_threadsafe([(batch.replies[i], encode_reply(
+                ids[k], batch.model, {"logits": logits[k]}, int(labels[k]), float(scores[k]),
+                int(exits[k]), early, batch.ages_ms[i] + waited, config.version))
+                for k, i in enumerate(idx)], flush=True)
         if ids or release:
-            self._publish_threadsafe(batch.router, Results(
+            self._publish_threadsafe([(batch.router, Results(
                 batch.batch_id, self.id, self.plan.stage, ids, labels, scores, exits,
                 None if direct else logits, early, config.version, release=release,
-                direct=direct).encode())
+                direct=direct).encode())])
 
     def _release(self, batch: Batch, config: ExitConfig) -> None:
         empty = np.zeros(0, dtype=np.int32)
-        self._publish_threadsafe(batch.router, Results(
+        self._publish_threadsafe([(batch.router, Results(
             batch.batch_id, self.id, self.plan.stage, [], empty, empty.astype(np.float32), empty,
-            None, False, config.version, release=True).encode())
+            None, False, config.version, release=True).encode())])
 
     # ------------------------------------------------------------------ liveness
 
@@ -325,12 +341,11 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
     await asyncio.to_thread(runtime.warm, worker.cut_after(worker.config))
     await nc.subscribe(subjects.exit_config(model), cb=worker.on_config)
     if stage == 0:
-        await nc.subscribe(subjects.work(worker.id), cb=worker.on_batch)
+        await subscribe_direct(nc, subjects.work(worker.id), worker.on_batch)
     else:
-        await nc.subscribe(subjects.stage(model, stage), queue=subjects.stage_queue(model, stage),
-                           cb=worker.on_batch)
+        await subscribe_direct(nc, subjects.stage(model, stage), worker.on_batch,
+                               queue=subjects.stage_queue(model, stage))
     spawn(worker.heartbeat_loop(stop), worker.tasks, log)
-    spawn(worker.publish_loop(), worker.tasks, log)
     spawn(worker.telemetry_loop(stop), worker.tasks, log)
     runner = spawn(worker.run(stop), worker.tasks, log)
     log.info("worker ready %s", logs.kv(id=worker.id, blocks=f"{first}:{last}",

@@ -24,19 +24,27 @@ class TelemetryBuffer:
         self.max_age_s = max_age_s
         self.parts: list[dict[str, Any]] = []
         self.first_t = 0.0
+        self.key: tuple = ()
+        self.samples = 0
 
-    def _key(self, part: dict[str, Any]) -> tuple:
-        return tuple(str(part[k]) for k in _SAME) + (tuple(part["ramp_ids"]),)
+    @staticmethod
+    def _key(part: dict[str, Any]) -> tuple:
+        # A config version names one config (thresholds, active set, mode, score).
+        return (part["model"], part["worker"], part["config_version"], part["mode"],
+                part["score"], tuple(part["ramp_ids"]))
 
     def add(self, part: dict[str, Any], now: float) -> list[dict[str, Any]]:
         """Buffer one batch's telemetry; return the messages now due (in order)."""
         out = []
-        if self.parts and self._key(self.parts[0]) != self._key(part):
+        key = self._key(part)
+        if self.parts and key != self.key:
             out.append(self.take())
         if not self.parts:
             self.first_t = now
+            self.key = key
         self.parts.append(part)
-        if sum(len(p["ids"]) for p in self.parts) >= self.max_samples:
+        self.samples += len(part["ids"])
+        if self.samples >= self.max_samples:
             out.append(self.take())
         return out
 
@@ -47,7 +55,7 @@ class TelemetryBuffer:
         return None
 
     def take(self) -> dict[str, Any]:
-        parts, self.parts = self.parts, []
+        parts, self.parts, self.samples = self.parts, [], 0
         if len(parts) == 1:
             one = dict(parts[0])
             one["batch_ids"], one["batch_sizes"] = [one["batch_id"]], [one["batch_size"]]

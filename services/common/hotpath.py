@@ -131,7 +131,7 @@ class _Direct:
         self.sub._pending_size -= len(msg.data)  # nothing is ever pending here
         try:
             self.handler(msg)
-        except Exception:  # noqa: BLE001 - a handler's bug must not stop the read loop
+        except Exception:  # a handler's bug must not stop the read loop
             log.exception("message handler failed subject=%s", self.name)
 
     def qsize(self) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError, MaxPayloadError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 from nats.protocol import command as prot_command
 
 log = logging.getLogger("offramp.bus")
@@ -157,6 +158,9 @@ async def subscribe_direct(nc: Client, subject: str, handler: Callable[[Msg], No
     if task is not None:
         task.cancel()
     sub._pending_queue = _Direct(sub, handler, subject)
+    # The SUB out now: nats-py's flush() writes its PING past its own buffer, so a flush
+    # alone would not prove the server has this subscription.
+    _write(nc, [])
     return sub
 
 
@@ -190,25 +194,31 @@ class Requester:
 
     async def request(self, subject: str, data: bytes, timeout: float) -> Msg:
         """Like ``nc.request``: raises nats ``TimeoutError`` / ``NoRespondersError``."""
-        from nats.errors import TimeoutError as NatsTimeout
-
         self.next_token += 1
         token = str(self.next_token)
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self.waiting[token] = fut
+        # A timer, not asyncio.wait_for: the reply wakes this task directly (wait_for adds
+        # two scheduling rounds per request).
+        timer = loop.call_later(timeout, _expire, fut)
         try:
             frame = _frame(self.nc, subject, data, f"{self.prefix}.{token}")
             if len(self.waiting) == 1:
                 _send(self.nc, [frame])  # the only request in flight: no wait at all
             else:  # others in flight: one write for all sent in this loop iteration
                 if not self.batch:
-                    asyncio.get_running_loop().call_soon(self._send_batch)
+                    loop.call_soon(self._send_batch)
                 self.batch.append(frame)
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            raise NatsTimeout from None
+            return await fut
         finally:
+            timer.cancel()
             self.waiting.pop(token, None)
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(NatsTimeout())
 
 
 _requesters: weakref.WeakKeyDictionary[Client, asyncio.Future] = weakref.WeakKeyDictionary()

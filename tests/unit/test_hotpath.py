@@ -41,6 +41,9 @@ async def collect(nc, subject: str, n: int) -> list[bytes]:
             done.set_result(None)
 
     await nc.subscribe(subject, cb=cb)
+    # nats-py writes flush()'s PING straight to the socket, so it can overtake the SUB
+    # still in its buffer; by the second round trip the SUB has certainly gone out.
+    await nc.flush()
     await nc.flush()
     return got, done
 

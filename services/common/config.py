@@ -37,6 +37,7 @@ class Config:
     accuracy_loss: float = 0.01
     ramp_budget: float = 0.02
     adapt: bool = False
+    nats_procs: int = 0
     extra: dict[str, str] = field(default_factory=dict)
 
     def as_env(self) -> dict[str, str]:
@@ -60,6 +61,7 @@ class Config:
             "OFFRAMP_ACCURACY_LOSS": str(self.accuracy_loss),
             "OFFRAMP_RAMP_BUDGET": str(self.ramp_budget),
             "OFFRAMP_ADAPT": "1" if self.adapt else "0",
+            "OFFRAMP_NATS_PROCS": str(self.nats_procs),
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
@@ -87,6 +89,7 @@ DOCUMENTED = [
     ("OFFRAMP_ACCURACY_LOSS", "0.01", "accuracy constraint: largest allowed loss of agreement with the final model"),
     ("OFFRAMP_RAMP_BUDGET", "0.02", "worst-case latency the active ramps may add (their measured serving cost), as a share of the model's"),
     ("OFFRAMP_ADAPT", "0", "1: `offramp up` also runs the tuner (continual exit adaptation)"),
+    ("OFFRAMP_NATS_PROCS", "0", "GOMAXPROCS of the NATS server `offramp up` starts (0 = 1 on machines of up to 4 cores, else Go's default)"),
 ]
 
 
@@ -113,6 +116,7 @@ def load() -> Config:
         accuracy_loss=float(_env("OFFRAMP_ACCURACY_LOSS", "0.01")),
         ramp_budget=float(_env("OFFRAMP_RAMP_BUDGET", "0.02")),
         adapt=_env("OFFRAMP_ADAPT", "0").lower() in ("1", "true", "yes", "on"),
+        nats_procs=int(_env("OFFRAMP_NATS_PROCS", "0")),
     )
 
 

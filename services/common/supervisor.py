@@ -106,7 +106,7 @@ class Supervisor:
 
     def start(self) -> str:
         if self.url is None:
-            self.nats = EmbeddedNats(self.cfg.home / "nats")
+            self.nats = EmbeddedNats(self.cfg.home / "nats", procs=self.cfg.nats_procs)
             self.url = self.nats.start()
         env_cfg = self.cfg.as_env()
         env_cfg["OFFRAMP_NATS_URL"] = self.url

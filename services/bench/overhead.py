@@ -12,7 +12,6 @@ Always a live run on this machine (no simulation).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -21,6 +20,7 @@ import sys
 import time
 
 import numpy as np
+import uvloop
 
 from schemas.codec import pack
 from services.common import bus
@@ -145,7 +145,8 @@ def run_overhead(args: argparse.Namespace) -> int:
         sup.wait_ready()
         floor = _start_floor(url, 4 * 1024)  # a reply the size of 1000 float32 logits
         try:
-            result = asyncio.run(_measure(cfg, url, args))
+            # The client side on uvloop, as the services are.
+            result = uvloop.run(_measure(cfg, url, args))
         finally:
             for p in floor:
                 p.terminate()

@@ -146,7 +146,16 @@ def test_publish_now_while_disconnected_is_sent_after_reconnect(tmp_path):
             # (core NATS delivers only to subscriptions that exist at that moment).
             sub_nc = await nats.connect(url, reconnect_time_wait=0.05, max_reconnect_attempts=-1)
             pub_nc = await nats.connect(url, reconnect_time_wait=2.0, max_reconnect_attempts=-1)
-            got, done = await collect(sub_nc, "t.re", 2)
+            got: list[bytes] = []
+            done = asyncio.get_running_loop().create_future()
+
+            def on_msg(msg) -> None:  # a direct subscription must survive the reconnect
+                got.append(msg.data)
+                if len(got) == 2 and not done.done():
+                    done.set_result(None)
+
+            await subscribe_direct(sub_nc, "t.re", on_msg)
+            await sub_nc.flush()
             srv.stop()
             for _ in range(100):
                 if not pub_nc.is_connected:

@@ -4,6 +4,8 @@ nothing exits until the tuner has feedback."""
 
 from __future__ import annotations
 
+import itertools
+
 DEFAULT_BUDGET = 0.02  # worst-case latency ramps may add, as a share of the full model
 
 
@@ -15,17 +17,30 @@ def evenly_spaced(ids: list[int], k: int) -> list[int]:
     return [ids[int((j + 0.5) * n / k)] for j in range(k)]
 
 
+def slices(ids: list[int], centres: list[int]) -> list[list[int]]:
+    """``ids`` cut into contiguous slices, one around each centre (boundaries midway)."""
+    pos = [ids.index(c) for c in centres]
+    bounds = [0] + [(a + b) // 2 + 1 for a, b in itertools.pairwise(pos)] + [len(ids)]
+    return [ids[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+
+
 def initial_active(costs: dict[int, float], full_ms: float,
                    budget: float = DEFAULT_BUDGET) -> list[int]:
-    """The most ramps, evenly spaced, whose summed cost stays within ``budget * full_ms``.
+    """The most ramps, evenly spread, whose summed cost stays within ``budget * full_ms``.
 
-    ``costs`` maps ramp index -> measured batch-1 cost (ms). Unknown costs (0 or a model
-    without a latency) are taken at face value, so such a model starts with every ramp.
+    For ``k`` ramps each of the :func:`evenly_spaced` sites stands for the slice of sites
+    nearest to it, and the slice contributes its cheapest ramp (ties: the one nearest the
+    centre, so equal costs give exactly :func:`evenly_spaced`): when a centre ramp is too
+    costly, a cheaper neighbour can still be deployed. ``costs`` maps ramp index -> measured batch-1 cost (ms).
+    Unknown costs (0 or a model without a latency) are taken at face value, so such a model
+    starts with every ramp.
     """
     ids = sorted(costs)
     limit = budget * full_ms if full_ms > 0 else float("inf")
     for k in range(len(ids), 0, -1):
-        pick = evenly_spaced(ids, k)
+        centres = evenly_spaced(ids, k)
+        pick = [min(part, key=lambda r: (costs[r], abs(ids.index(r) - ids.index(centre))))
+                for part, centre in zip(slices(ids, centres), centres, strict=True)]
         if sum(costs[i] for i in pick) <= limit:
             return pick
     return []

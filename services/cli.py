@@ -15,6 +15,7 @@ from pathlib import Path
 
 from services.common import config as config_mod
 from services.common import logs
+from services.common.memory import keep_large_buffers
 
 SERVICES = ("router", "worker", "monitor", "profiler", "tuner")
 
@@ -348,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    keep_large_buffers()  # every command moves or builds large buffers (services/common/memory.py)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     return int(args.fn(args) or 0)

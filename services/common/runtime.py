@@ -6,9 +6,12 @@ import asyncio
 import signal
 from collections.abc import Awaitable, Callable
 
+from services.common.memory import keep_large_buffers
+
 
 def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """``main(stop)`` runs until ``stop`` is set by a signal and returns after cleanup."""
+    keep_large_buffers()
 
     async def runner() -> None:
         stop = asyncio.Event()

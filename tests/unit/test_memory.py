@@ -1,0 +1,26 @@
+"""glibc malloc thresholds for large message buffers (services/common/memory.py)."""
+
+import platform
+
+import pytest
+
+from services.common import memory
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_applies_on_glibc(monkeypatch):
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    assert memory.keep_large_buffers() is True
+
+
+@pytest.mark.parametrize("var", ["MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"])
+def test_user_settings_win(monkeypatch, var):
+    monkeypatch.setenv(var, "131072")
+    assert memory.keep_large_buffers() is False
+
+
+def test_mmap_threshold_covers_the_largest_message():
+    from services.common.natsserver import MAX_PAYLOAD
+
+    assert memory.MMAP_THRESHOLD >= MAX_PAYLOAD

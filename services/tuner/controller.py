@@ -239,9 +239,10 @@ class ExitController:
         if not parts:
             return None
         parts.reverse()
-        return ExitWindow(ids, np.concatenate([x[0] for x in parts], axis=1),
-                          np.concatenate([x[1] for x in parts], axis=1),
-                          np.concatenate([x[2] for x in parts]))
+        # cut from recorded (validated) batches
+        return ExitWindow._trusted(tuple(ids), np.concatenate([x[0] for x in parts], axis=1),
+                                   np.concatenate([x[1] for x in parts], axis=1),
+                                   np.concatenate([x[2] for x in parts]))
 
     def _close_window(self) -> Trigger | None:
         n, dis = self.win_n, self.win_dis

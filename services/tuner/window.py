@@ -145,6 +145,18 @@ class ExitWindow:
         object.__setattr__(self, "score", score)
         object.__setattr__(self, "final", final)
 
+    @classmethod
+    def _trusted(cls, ramp_ids: tuple[int, ...], pred: np.ndarray, score: np.ndarray,
+                 final: np.ndarray) -> ExitWindow:
+        """A window cut or joined from validated windows: skips the checks (the tuner
+        builds one per decision, and validation was a sizeable share of a 0.5 ms round)."""
+        w = object.__new__(cls)
+        for name, a in (("pred", pred), ("score", score), ("final", final)):
+            a.flags.writeable = False
+            object.__setattr__(w, name, a)
+        object.__setattr__(w, "ramp_ids", ramp_ids)
+        return w
+
     @property
     def n_ramps(self) -> int:
         return len(self.ramp_ids)
@@ -189,9 +201,9 @@ class ExitWindow:
         ids = windows[0].ramp_ids
         if any(w.ramp_ids != ids for w in windows):
             raise ValueError("windows over different active ramps cannot be joined")
-        return cls(ids, np.concatenate([w.pred for w in windows], axis=1),
-                   np.concatenate([w.score for w in windows], axis=1),
-                   np.concatenate([w.final for w in windows]))
+        return cls._trusted(ids, np.concatenate([w.pred for w in windows], axis=1),
+                            np.concatenate([w.score for w in windows], axis=1),
+                            np.concatenate([w.final for w in windows]))
 
     def select(self, ramp_ids: Sequence[int]) -> ExitWindow:
         """The same samples seen by a subset of the active ramps (what deactivation leaves)."""
@@ -200,4 +212,4 @@ class ExitWindow:
         if missing:
             raise ValueError(f"ramps {sorted(missing)} are not in this window")
         rows = [self.ramp_ids.index(r) for r in ids]
-        return ExitWindow(ids, self.pred[rows], self.score[rows], self.final)
+        return ExitWindow._trusted(ids, self.pred[rows], self.score[rows], self.final)

@@ -173,3 +173,24 @@ def test_publish_now_while_disconnected_is_sent_after_reconnect(tmp_path):
             srv.stop()
 
     run(main())
+
+
+def test_large_payloads_arrive_intact_between_small_ones(server):
+    """Payloads from 64 KiB on go out as their own buffers, not copied into one frame."""
+    big = [bytes([i]) * (700 * 1024 + i) for i in range(3)]
+
+    async def main():
+        sub_nc = await bus.connect(server.url, "t-sub")
+        pub_nc = await bus.connect(server.url, "t-pub")
+        got, done = await collect(sub_nc, "t.big", 6)
+        publish_now(pub_nc, "t.big", big[0])
+        publish_many(pub_nc, [("t.big", b"small"), ("t.big", big[1]), ("t.big", b"")])
+        publish_now(pub_nc, "t.big", big[2])
+        await pub_nc.publish("t.big", b"after")
+        await pub_nc.flush()
+        await asyncio.wait_for(done, 10)
+        assert got == [big[0], b"small", big[1], b"", big[2], b"after"]
+        await sub_nc.close()
+        await pub_nc.close()
+
+    run(main())

@@ -253,7 +253,7 @@ def adjust(state: AdjustInput) -> AdjustDecision:
 
     cur = rp.evaluation(th_arr)
     cur_ok = meets(cur, cons)
-    tuned = tune(w, prof, cons, start=th_arr)
+    tuned = tune(w, prof, cons, start=th_arr, replay=rp)
     t_utils = _utilities(rp, np.asarray(tuned.thresholds))
     better = not cur_ok or tuned.evaluation.savings_ms >= cur.savings_ms - _TOL
     if better and all(u.utility_ms >= 0 for u in t_utils):

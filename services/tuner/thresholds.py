@@ -44,6 +44,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import accumulate, islice, product
 from operator import or_
 
@@ -176,6 +177,13 @@ def evaluate(window: ExitWindow, profile: LatencyProfile,
     return Replay(window, profile).evaluation(as_thresholds(thresholds, window.n_ramps, "thresholds"))
 
 
+@lru_cache(maxsize=8)
+def _bits(n: int) -> tuple[int, ...]:
+    """Bit i set, for i < n (windows come in a few sizes; building these was a sizeable
+    share of a short climb)."""
+    return tuple(1 << i for i in range(n))
+
+
 class _Bits:
     """Bitset replay for the hill climb: a sample set is a Python int (bit n = sample n), so
     one threshold vector costs a few int ops per ramp instead of numpy calls over samples.
@@ -185,7 +193,7 @@ class _Bits:
         self.r, self.n = rp.n_ramps, rp.n_samples
         order = np.argsort(rp.score, axis=1, kind="stable")
         self.sorted = [rp.score[k, order[k]].tolist() for k in range(self.r)]
-        bit = [1 << i for i in range(self.n)]
+        bit = _bits(self.n)
         # prefix[k][j]: the j lowest-scoring samples at ramp k (accumulate runs in C)
         self.prefix = [list(accumulate(map(bit.__getitem__, order[k].tolist()), or_, initial=0))
                        for k in range(self.r)]
@@ -229,15 +237,17 @@ class _Bits:
 def tune(window: ExitWindow, profile: LatencyProfile, constraint: float = DEFAULT_CONSTRAINT,
          start: Sequence[float] | None = None, floor: float = DEFAULT_FLOOR,
          initial_step: float = DEFAULT_INITIAL_STEP,
-         max_threshold: float = DEFAULT_MAX_THRESHOLD, max_rounds: int = 10_000) -> TuneResult:
+         max_threshold: float = DEFAULT_MAX_THRESHOLD, max_rounds: int = 10_000,
+         replay: Replay | None = None) -> TuneResult:
     """Greedy hill climb (§3.2, Algorithm 1) for the thresholds with the largest latency savings
-    whose agreement with the final model stays >= 1 - constraint on this window."""
+    whose agreement with the final model stays >= 1 - constraint on this window
+    (``replay``: the caller's ``Replay`` of this window and profile, to reuse)."""
     check_constraint(constraint)
     if not 0 < floor <= initial_step:
         raise ValueError(f"need 0 < floor <= initial_step, got floor={floor}, step={initial_step}")
     if max_threshold <= 0:
         raise ValueError("max_threshold must be positive")
-    rp = Replay(window, profile)
+    rp = replay if replay is not None else Replay(window, profile)
     bits = _Bits(rp)
     r, n = rp.n_ramps, rp.n_samples
     allowed = allowed_disagreements(n, constraint)

@@ -4,9 +4,9 @@ A request carrying an image (600 KB) or a batch of activations is copied a few t
 hop (socket read buffer, payload bytes, decoded tensor, re-encoded batch, outgoing frame).
 glibc serves every allocation above its mmap threshold (128 KiB at start, raised only
 when such a block is freed) with a new mapping, and trims freed heap top back to the
-kernel, so each copy faulted its pages in again: on EfficientNet the router spent 4.9 ms
-of CPU per request, mostly page faults and page clearing (perf); with the thresholds
-raised, 1.8 ms. A process then keeps up to ``TRIM_THRESHOLD`` of freed heap for reuse.
+kernel, so each copy faulted its pages in again: in a one-off probe on EfficientNet the
+router spent 4.9 ms of CPU per request, mostly page faults and page clearing (perf); with
+the thresholds raised, 1.7-1.9 ms (``offramp bench overhead`` shows the end-to-end effect). A process then keeps up to ``TRIM_THRESHOLD`` of freed heap for reuse.
 """
 
 from __future__ import annotations

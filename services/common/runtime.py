@@ -11,7 +11,7 @@ from services.common.memory import keep_large_buffers
 
 def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """``main(stop)`` runs until ``stop`` is set by a signal and returns after cleanup."""
-    keep_large_buffers()
+    keep_large_buffers()  # also for processes not started through the CLI (bench echo)
 
     async def runner() -> None:
         stop = asyncio.Event()

@@ -118,13 +118,13 @@ class Router:
         except Exception as exc:
             self.log.exception("intake failed")
             self._reply_error_raw(msg.reply, rid, subject_model,
-                                        ServingError(errors.INTERNAL, f"router error: {exc!r}"), now)
+                                  ServingError(errors.INTERNAL, f"router error: {exc!r}"), now)
 
     def policy_batch(self) -> int:
         return getattr(self.policy, "max_batch", 1)
 
     def _reply_error_raw(self, reply: str | None, rid: str | None, model: str,
-                               exc: ServingError, start: float) -> None:
+                         exc: ServingError, start: float) -> None:
         if reply:
             self._publish(reply, encode_error(rid, exc.code, exc.message, **exc.extra))
         if model in self.models:
@@ -169,7 +169,7 @@ class Router:
                 entry = self.pending.get(rid)
                 if entry is not None:
                     self.reply_error(entry, code,
-                                           f"worker {res.worker} failed: {res.error.get('message')}")
+                                     f"worker {res.worker} failed: {res.error.get('message')}")
         else:
             for i, rid in enumerate(res.ids):
                 entry = self.pending.pop(rid, None)
@@ -253,8 +253,8 @@ class Router:
                     continue
                 if now + state.service_ms / 1000.0 > entry.deadline:
                     self.reply_error(entry, errors.DEADLINE_EXCEEDED,
-                                           f"cannot finish within the SLO: about {state.service_ms:.1f} ms "
-                                           f"needed, {(entry.deadline - now) * 1e3:.1f} ms left")
+                                     f"cannot finish within the SLO: about {state.service_ms:.1f} ms "
+                                     f"needed, {(entry.deadline - now) * 1e3:.1f} ms left")
                     continue
                 batch.append(entry)
             if not batch:
@@ -269,9 +269,10 @@ class Router:
         return max(1, min(n, budget // sample))
 
     def _send(self, model: str, state: ModelState, worker_id: str, batch: list[Pending],
-                    now: float) -> None:
+              now: float) -> None:
         self.batches += 1
-        batch_id = f"{self.id[7:]}-{self.batches:x}"  # unique: router ids are
+        # unique across routers (random router id) and within one (counter); no uuid per batch
+        batch_id = f"{self.id.removeprefix('router-')}-{self.batches:x}"
         names = state.spec.input_names
         inputs = ({n: batch[0].inputs[n][None] for n in names} if len(batch) == 1 else
                   {n: np.stack([e.inputs[n] for e in batch]) for n in names})
@@ -293,7 +294,7 @@ class Router:
             code = errors.PAYLOAD_TOO_LARGE if "payload" in repr(exc).lower() else errors.INTERNAL
             for e in batch:
                 self.reply_error(e, code, f"cannot send batch of {len(batch)} to a worker "
-                                       f"({len(data)} bytes): {exc!r}")
+                                 f"({len(data)} bytes): {exc!r}")
 
     # ------------------------------------------------------------------ liveness
 

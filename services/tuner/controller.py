@@ -240,9 +240,9 @@ class ExitController:
             return None
         parts.reverse()
         # cut from recorded (validated) batches
-        return ExitWindow._trusted(tuple(ids), np.concatenate([x[0] for x in parts], axis=1),
-                                   np.concatenate([x[1] for x in parts], axis=1),
-                                   np.concatenate([x[2] for x in parts]))
+        return ExitWindow.unchecked(tuple(ids), np.concatenate([x[0] for x in parts], axis=1),
+                                    np.concatenate([x[1] for x in parts], axis=1),
+                                    np.concatenate([x[2] for x in parts]))
 
     def _close_window(self) -> Trigger | None:
         n, dis = self.win_n, self.win_dis

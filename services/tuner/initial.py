@@ -31,9 +31,10 @@ def initial_active(costs: dict[int, float], full_ms: float,
     For ``k`` ramps each of the :func:`evenly_spaced` sites stands for the slice of sites
     nearest to it, and the slice contributes its cheapest ramp (ties: the one nearest the
     centre, so equal costs give exactly :func:`evenly_spaced`): when a centre ramp is too
-    costly, a cheaper neighbour can still be deployed. ``costs`` maps ramp index -> measured batch-1 cost (ms).
-    Unknown costs (0 or a model without a latency) are taken at face value, so such a model
-    starts with every ramp.
+    costly, a cheaper neighbour can still be deployed.
+
+    ``costs`` maps ramp index -> measured batch-1 cost (ms). Unknown costs (0 or a model
+    without a latency) are taken at face value, so such a model starts with every ramp.
     """
     ids = sorted(costs)
     limit = budget * full_ms if full_ms > 0 else float("inf")

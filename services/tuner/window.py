@@ -146,7 +146,7 @@ class ExitWindow:
         object.__setattr__(self, "final", final)
 
     @classmethod
-    def _trusted(cls, ramp_ids: tuple[int, ...], pred: np.ndarray, score: np.ndarray,
+    def unchecked(cls, ramp_ids: tuple[int, ...], pred: np.ndarray, score: np.ndarray,
                  final: np.ndarray) -> ExitWindow:
         """A window cut or joined from validated windows: skips the checks (the tuner
         builds one per decision, and validation was a sizeable share of a 0.5 ms round)."""
@@ -201,9 +201,9 @@ class ExitWindow:
         ids = windows[0].ramp_ids
         if any(w.ramp_ids != ids for w in windows):
             raise ValueError("windows over different active ramps cannot be joined")
-        return cls._trusted(ids, np.concatenate([w.pred for w in windows], axis=1),
-                            np.concatenate([w.score for w in windows], axis=1),
-                            np.concatenate([w.final for w in windows]))
+        return cls.unchecked(ids, np.concatenate([w.pred for w in windows], axis=1),
+                             np.concatenate([w.score for w in windows], axis=1),
+                             np.concatenate([w.final for w in windows]))
 
     def select(self, ramp_ids: Sequence[int]) -> ExitWindow:
         """The same samples seen by a subset of the active ramps (what deactivation leaves)."""
@@ -212,4 +212,4 @@ class ExitWindow:
         if missing:
             raise ValueError(f"ramps {sorted(missing)} are not in this window")
         rows = [self.ramp_ids.index(r) for r in ids]
-        return ExitWindow._trusted(ids, self.pred[rows], self.score[rows], self.final)
+        return ExitWindow.unchecked(ids, self.pred[rows], self.score[rows], self.final)

@@ -95,7 +95,26 @@ class FramePlan:
     flip: np.ndarray  # bool, mirror horizontally
 
 
-def plan(n: int, seed: int = 0, min_scene: int = 16, max_scene: int = 120) -> FramePlan:
+SCENE_FRAMES = (16, 120)  # default scene lengths: far more cuts than a fixed camera sees
+
+
+def parse_scene_frames(text: str) -> tuple[int, int]:
+    """``"MIN:MAX"`` (or one number) -> scene lengths in frames, 1 <= MIN <= MAX."""
+    parts = text.split(":")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
+    except ValueError:
+        lo, hi = 0, -1
+    if not 1 <= lo <= hi:
+        raise ValueError(f"scene frames must be MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+def plan(n: int, seed: int = 0, min_scene: int = SCENE_FRAMES[0],
+         max_scene: int = SCENE_FRAMES[1]) -> FramePlan:
+    if not 1 <= min_scene <= max_scene:
+        raise ValueError(f"scene lengths need 1 <= min_scene <= max_scene, got "
+                         f"{min_scene}..{max_scene}")
     rng = np.random.default_rng(seed)
     n_photos = len(photos())
     cols: dict[str, list[np.ndarray]] = {k: [] for k in FramePlan.__dataclass_fields__}
@@ -145,8 +164,8 @@ def _render(img: np.ndarray, cy: float, cx: float, zoom: float, size: int) -> np
 
 
 def iter_video_frames(
-    n: int, seed: int = 0, size: int = 224, chunk: int = 64, min_scene: int = 16,
-    max_scene: int = 120,
+    n: int, seed: int = 0, size: int = 224, chunk: int = 64, min_scene: int = SCENE_FRAMES[0],
+    max_scene: int = SCENE_FRAMES[1],
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yield (frames float32 (k,3,size,size) normalised, scene_ids int64 (k,)) chunks.
     Scenes last ``min_scene``..``max_scene`` frames (a fixed camera lasts much longer)."""

@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rec.add_argument("--n", type=int, default=4000, help="samples of the generated workload")
     rec.add_argument("--seed", type=int, default=0, help="workload seed (ramps were trained on "
                      "the model's bootstrap seed; use another for unseen data)")
+    rec.add_argument("--scene-frames", default="16:120", metavar="MIN:MAX",
+                     help="video workload: scene lengths in frames (each cut changes the "
+                     "photo); a fixed camera's scenes last far longer, e.g. 600:1800")
     rec.add_argument("--out", required=True, help="trace file to write (.npz)")
     rec.add_argument("--arrivals", help="arrival process to store, e.g. poisson:10 "
                      "(see services/models/arrivals.py)")
@@ -63,7 +66,8 @@ def _file_inputs(path: Path, input_names: list[str]) -> tuple[int, Iterator[dict
     return n, chunks()
 
 
-def _video_inputs(n: int, seed: int, inputs: list) -> Iterator[dict[str, np.ndarray]]:
+def _video_inputs(n: int, seed: int, inputs: list, scenes: tuple[int, int]
+                  ) -> Iterator[dict[str, np.ndarray]]:
     shape = list(inputs[0].shape) if len(inputs) == 1 else []
     if len(shape) != 3 or shape[0] != 3 or shape[1] != shape[2] or shape[1] <= 0:
         raise ValueError(f"the video workload feeds one 3 x S x S image, the model takes "
@@ -71,7 +75,8 @@ def _video_inputs(n: int, seed: int, inputs: list) -> Iterator[dict[str, np.ndar
     from services.models.workloads import iter_video_frames
 
     def frames() -> Iterator[dict[str, np.ndarray]]:
-        for block, _ in iter_video_frames(n, seed=seed, size=shape[1], chunk=CHUNK):
+        for block, _ in iter_video_frames(n, seed=seed, size=shape[1], chunk=CHUNK,
+                                          min_scene=scenes[0], max_scene=scenes[1]):
             yield {inputs[0].name: block}
 
     return frames()
@@ -94,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from services.common import config as config_mod
     from services.models.arrivals import make_arrivals
     from services.models.manifest import Manifest
+    from services.models.workloads import parse_scene_frames
     from services.sim.trace import record_trace
 
     models_dir = Path(args.models_dir) if args.models_dir else config_mod.load().models_dir
@@ -114,8 +120,12 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError("--n must be positive")
             n = args.n
             meta["workload"] = args.workload
-            chunks = (_video_inputs(n, args.seed, manifest.inputs) if args.workload == "video"
-                      else _text_inputs(n, args.seed, names))
+            if args.workload == "video":
+                scenes = parse_scene_frames(args.scene_frames)
+                meta["scene_frames"] = list(scenes)
+                chunks = _video_inputs(n, args.seed, manifest.inputs, scenes)
+            else:
+                chunks = _text_inputs(n, args.seed, names)
         arrivals = None
         if args.arrivals:
             arrivals = make_arrivals(args.arrivals, n=n, seed=(args.seed, 0xA7))

@@ -1,8 +1,15 @@
 """Video-like frame streams: deterministic, chunk-independent, scene structured."""
 
 import numpy as np
+import pytest
 
-from services.models.workloads import iter_video_frames, photos, plan, video_frames
+from services.models.workloads import (
+    iter_video_frames,
+    parse_scene_frames,
+    photos,
+    plan,
+    video_frames,
+)
 
 
 def test_deterministic_from_seed():
@@ -38,3 +45,24 @@ def test_plan_uses_several_photos():
     assert len(photos()) >= 10
     assert len(np.unique(p.photo)) >= 8
     assert ((p.zoom > 0.5) & (p.zoom <= 1.0)).all()
+
+
+def test_scene_frames_parse_and_bound_scene_lengths():
+    assert parse_scene_frames("600:1800") == (600, 1800)
+    assert parse_scene_frames("50") == (50, 50)
+    for bad in ("0:5", "9:3", "a:b", "1:2:3", ""):
+        with pytest.raises(ValueError, match="MIN:MAX"):
+            parse_scene_frames(bad)
+    p = plan(200, seed=3, min_scene=50, max_scene=50)
+    assert np.array_equal(np.bincount(p.scene), [50, 50, 50, 50])
+    with pytest.raises(ValueError, match="min_scene"):
+        plan(10, min_scene=8, max_scene=4)
+
+
+def test_trace_record_rejects_bad_scene_frames(models_dir, capsys):
+    from services.sim import trace_cli
+
+    rc = trace_cli.main(["record", "--model", "tiny", "--workload", "video", "--n", "4",
+                         "--scene-frames", "9:3", "--out", "unused.npz",
+                         "--models-dir", str(models_dir)])
+    assert rc == 2 and "scene frames must be MIN:MAX" in capsys.readouterr().err

@@ -44,9 +44,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from itertools import accumulate, islice, product
-from operator import or_
+from itertools import islice, product
 
 import numpy as np
 
@@ -177,13 +175,6 @@ def evaluate(window: ExitWindow, profile: LatencyProfile,
     return Replay(window, profile).evaluation(as_thresholds(thresholds, window.n_ramps, "thresholds"))
 
 
-@lru_cache(maxsize=8)
-def _bits(n: int) -> tuple[int, ...]:
-    """Bit i set, for i < n (windows come in a few sizes; building these was a sizeable
-    share of a short climb)."""
-    return tuple(1 << i for i in range(n))
-
-
 class _Bits:
     """Bitset replay for the hill climb: a sample set is a Python int (bit n = sample n), so
     one threshold vector costs a few int ops per ramp instead of numpy calls over samples.
@@ -193,13 +184,24 @@ class _Bits:
         self.r, self.n = rp.n_ramps, rp.n_samples
         order = np.argsort(rp.score, axis=1, kind="stable")
         self.sorted = [rp.score[k, order[k]].tolist() for k in range(self.r)]
-        bit = _bits(self.n)
-        # prefix[k][j]: the j lowest-scoring samples at ramp k (accumulate runs in C)
-        self.prefix = [list(accumulate(map(bit.__getitem__, order[k].tolist()), or_, initial=0))
-                       for k in range(self.r)]
+        # pos[k, s]: sample s's place in ramp k's score order; the j lowest-scoring samples
+        # are pos[k] < j. Their sets are built on first use: a climb asks for a few dozen of
+        # the R x (N + 1), and building all of them was most of a short climb's time.
+        self.pos = np.empty_like(order)
+        np.put_along_axis(self.pos, order, np.arange(self.n)[None, :], axis=1)
+        self._sets: list[dict[int, int]] = [{} for _ in range(self.r)]
         wrong = np.packbits(~rp.agree[: self.r], axis=1, bitorder="little")
         self.wrong = [int.from_bytes(row.tobytes(), "little") for row in wrong]
         self.lat = rp.exit_lat.tolist()
+
+    def prefix(self, k: int, j: int) -> int:
+        """The set (bitset) of the j lowest-scoring samples at ramp k."""
+        got = self._sets[k].get(j)
+        if got is None:
+            got = int.from_bytes(np.packbits(self.pos[k] < j, bitorder="little").tobytes(),
+                                 "little")
+            self._sets[k][j] = got
+        return got
 
     def rank(self, k: int, threshold: float) -> int:
         return bisect_left(self.sorted[k], threshold)  # number of scores < threshold
@@ -212,7 +214,7 @@ class _Bits:
         prefix, wrong, cost, add = self.prefix, self.wrong, self.lat, trace.append
         for k in range(k0, self.r):
             add((covered, lat, dis))
-            x = prefix[k][ranks[k]] & ~covered
+            x = prefix(k, ranks[k]) & ~covered
             if x:
                 lat += x.bit_count() * cost[k]
                 dis += (x & wrong[k]).bit_count()
@@ -222,7 +224,7 @@ class _Bits:
     def evaluation(self, ranks: list[int], full_ms: float) -> Evaluation:
         covered, lat, dis, rates = 0, 0.0, 0, []
         for k in range(self.r):
-            x = self.prefix[k][ranks[k]] & ~covered
+            x = self.prefix(k, ranks[k]) & ~covered
             c = x.bit_count()
             lat += c * self.lat[k]
             dis += (x & self.wrong[k]).bit_count()

@@ -310,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--requests", type=int, default=600, help="frames per run")
     demo.add_argument("--concurrency", type=int, default=1,
                       help="requests in flight (1 = light load, where early exits pay)")
+    demo.add_argument("--scene-frames", metavar="MIN:MAX",
+                      help="video models: scene lengths in frames (default 16:120); a fixed "
+                      "camera's scenes last far longer, e.g. 600:1800")
     demo.add_argument("--json", help="write the summary here too")
     demo.set_defaults(fn=cmd_demo)
 

@@ -13,17 +13,27 @@ import sys
 import time
 from datetime import UTC, datetime
 
+import numpy as np
+
 from services.common import bus
 from services.common import config as config_mod
 from services.common.load import Progress, drive, percentile
 from services.common.supervisor import Deployment, Supervisor, prepare_state
+from services.models.workloads import parse_scene_frames
 
 
 def run_demo(args: argparse.Namespace) -> int:
     os.environ["OFFRAMP_MODELS"] = args.model
     cfg = config_mod.load()
     say = lambda m: print(m, file=sys.stderr)
-    prepare_state(cfg, say=say)
+    try:
+        if args.scene_frames is not None:  # a typo fails before any waiting
+            parse_scene_frames(args.scene_frames)
+        prepare_state(cfg, say=say)
+        inputs = demo_inputs(cfg, args.model, args.requests, args.scene_frames)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     sup = Supervisor(cfg, Deployment((args.model,)), log_dir=cfg.home / "logs")
     tuner = None
     deployment: dict = {}
@@ -35,7 +45,7 @@ def run_demo(args: argparse.Namespace) -> int:
         from services.worker.exits import initial_ramps
 
         set_exit_config(cfg, url, args.model, 0.0, [], "none", "demo: vanilla run (no ramps)")
-        vanilla = asyncio.run(_stream(cfg, url, args, "vanilla"))
+        vanilla = asyncio.run(_stream(cfg, url, args, inputs, "vanilla"))
         # The adaptive run starts where a fresh deployment does: evenly spaced ramps within
         # the budget, thresholds 0; the tuner takes it from there on live feedback.
         from services.models.manifest import Manifest
@@ -53,14 +63,14 @@ def run_demo(args: argparse.Namespace) -> int:
                                  env={**sup.env}, stdout=subprocess.DEVNULL,
                                  stderr=open(cfg.home / "logs" / "demo-tuner.log", "ab"))  # noqa: SIM115
         time.sleep(2.0)  # connected and subscribed before the first frame
-        adaptive = asyncio.run(_stream(cfg, url, args, "offramp"))
+        adaptive = asyncio.run(_stream(cfg, url, args, inputs, "offramp"))
     finally:
         if tuner is not None:
             tuner.terminate()
             tuner.wait(timeout=15)
         sup.stop()
     summary = {"model": args.model, "requests": args.requests,
-               "concurrency": args.concurrency, "vanilla": vanilla, "offramp": adaptive,
+               "concurrency": args.concurrency, "scene_frames": args.scene_frames, "vanilla": vanilla, "offramp": adaptive,
                "deployment": deployment}
     _print_summary(summary)
     if args.json:
@@ -69,12 +79,33 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0 if vanilla["errors"] == 0 and adaptive["errors"] == 0 else 1
 
 
-async def _stream(cfg, url: str, args: argparse.Namespace, label: str) -> dict:
-    from services.models.zoo import sample_inputs
+def demo_inputs(cfg, model: str, n: int, scene_frames: str | None = None
+                ) -> list[dict[str, np.ndarray]]:
+    """The stream both runs send: the model's sample inputs (video frames for image models),
+    or, with ``scene_frames``, video frames with those scene lengths (one 3 x S x S input)."""
+    if scene_frames is None:
+        from services.models.zoo import sample_inputs
+
+        batch = sample_inputs(model, n, seed=1)
+    else:
+        from services.models.manifest import Manifest
+        from services.models.workloads import iter_video_frames
+
+        lo, hi = parse_scene_frames(scene_frames)
+        spec = Manifest.load(cfg.models_dir / model).inputs
+        shape = list(spec[0].shape) if len(spec) == 1 else []
+        if len(shape) != 3 or shape[0] != 3 or shape[1] != shape[2] or shape[1] <= 0:
+            raise ValueError(f"--scene-frames needs a model with one 3 x S x S image input; "
+                             f"{model} takes {[(t.name, t.shape) for t in spec]}")
+        frames = [f for f, _ in iter_video_frames(n, seed=1, size=shape[1], min_scene=lo,
+                                                  max_scene=hi)]
+        batch = {spec[0].name: np.concatenate(frames) if frames else np.zeros([0, *shape])}
+    return [{k: v[i] for k, v in batch.items()} for i in range(n)]
+
+
+async def _stream(cfg, url: str, args: argparse.Namespace, inputs: list, label: str) -> dict:
     from services.store.repository import Store
 
-    batch = sample_inputs(args.model, args.requests, seed=1)
-    inputs = [{k: v[i] for k, v in batch.items()} for i in range(args.requests)]
     nc = await bus.connect(url, "offramp-demo")
     await asyncio.sleep(0.5)  # let workers swap in the new exit config
     since = datetime.now(UTC).replace(tzinfo=None)
@@ -124,7 +155,8 @@ def _print_summary(s: dict) -> None:
             ("exit configs seen", str(v["config_versions"]), str(o["config_versions"]), ""),
             ("throughput", f"{v['throughput_rps']:.1f} req/s", f"{o['throughput_rps']:.1f} req/s", "")]
     w = max(len(r[0]) for r in rows)
-    print(f"\nofframp demo: {s['model']}, {s['requests']} video-like frames per run, "
+    scenes = f" (scenes of {s['scene_frames']} frames)" if s.get("scene_frames") else ""
+    print(f"\nofframp demo: {s['model']}, {s['requests']} video-like frames per run{scenes}, "
           f"{s['concurrency']} in flight (live)")
     print(f"  {'':<{w}}  {'vanilla':>14}  {'offramp':>14}  {'change':>8}")
     for k, a, b, c in rows:

@@ -310,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--requests", type=int, default=600, help="frames per run")
     demo.add_argument("--concurrency", type=int, default=1,
                       help="requests in flight (1 = light load, where early exits pay)")
+    demo.add_argument("--arrivals", metavar="SPEC",
+                      help="open loop: send frames at these arrival times, e.g. poisson:20 "
+                      "(requests/s; see services/models/arrivals.py) instead of "
+                      "--concurrency in flight; latency mode's early answers pay when the "
+                      "worker is idle as a frame arrives")
     demo.add_argument("--scene-frames", metavar="MIN:MAX",
                       help="video models: scene lengths in frames (default 16:120); a fixed "
                       "camera's scenes last far longer, e.g. 600:1800")

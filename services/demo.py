@@ -17,8 +17,9 @@ import numpy as np
 
 from services.common import bus
 from services.common import config as config_mod
-from services.common.load import Progress, drive, percentile
+from services.common.load import Progress, drive, drive_open, percentile
 from services.common.supervisor import Deployment, Supervisor, prepare_state
+from services.models.arrivals import make_arrivals
 from services.models.workloads import parse_scene_frames
 
 
@@ -29,6 +30,8 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         if args.scene_frames is not None:  # a typo fails before any waiting
             parse_scene_frames(args.scene_frames)
+        arrival_s = (None if getattr(args, "arrivals", None) is None
+                     else make_arrivals(args.arrivals, n=args.requests, seed=(1, 0xA7)))
         prepare_state(cfg, say=say)
         inputs = demo_inputs(cfg, args.model, args.requests, args.scene_frames)
     except ValueError as exc:
@@ -45,7 +48,7 @@ def run_demo(args: argparse.Namespace) -> int:
         from services.worker.exits import initial_ramps
 
         set_exit_config(cfg, url, args.model, 0.0, [], "none", "demo: vanilla run (no ramps)")
-        vanilla = asyncio.run(_stream(cfg, url, args, inputs, "vanilla"))
+        vanilla = asyncio.run(_stream(cfg, url, args, inputs, arrival_s, "vanilla"))
         # The adaptive run starts where a fresh deployment does: evenly spaced ramps within
         # the budget, thresholds 0; the tuner takes it from there on live feedback.
         from services.models.manifest import Manifest
@@ -63,14 +66,15 @@ def run_demo(args: argparse.Namespace) -> int:
                                  env={**sup.env}, stdout=subprocess.DEVNULL,
                                  stderr=open(cfg.home / "logs" / "demo-tuner.log", "ab"))  # noqa: SIM115
         time.sleep(2.0)  # connected and subscribed before the first frame
-        adaptive = asyncio.run(_stream(cfg, url, args, inputs, "offramp"))
+        adaptive = asyncio.run(_stream(cfg, url, args, inputs, arrival_s, "offramp"))
     finally:
         if tuner is not None:
             tuner.terminate()
             tuner.wait(timeout=15)
         sup.stop()
     summary = {"model": args.model, "requests": args.requests,
-               "concurrency": args.concurrency, "scene_frames": args.scene_frames, "vanilla": vanilla, "offramp": adaptive,
+               "concurrency": args.concurrency, "arrivals": getattr(args, "arrivals", None),
+               "scene_frames": args.scene_frames, "vanilla": vanilla, "offramp": adaptive,
                "deployment": deployment}
     _print_summary(summary)
     if args.json:
@@ -103,15 +107,20 @@ def demo_inputs(cfg, model: str, n: int, scene_frames: str | None = None
     return [{k: v[i] for k, v in batch.items()} for i in range(n)]
 
 
-async def _stream(cfg, url: str, args: argparse.Namespace, inputs: list, label: str) -> dict:
+async def _stream(cfg, url: str, args: argparse.Namespace, inputs: list,
+                  arrival_s: np.ndarray | None, label: str) -> dict:
     from services.store.repository import Store
 
     nc = await bus.connect(url, "offramp-demo")
     await asyncio.sleep(0.5)  # let workers swap in the new exit config
     since = datetime.now(UTC).replace(tzinfo=None)
     t0 = time.perf_counter()
-    outcomes = await drive(nc, args.model, inputs, args.concurrency,
-                           on_done=Progress(len(inputs), label))
+    if arrival_s is None:
+        outcomes = await drive(nc, args.model, inputs, args.concurrency,
+                               on_done=Progress(len(inputs), label))
+    else:
+        outcomes = await drive_open(nc, args.model, inputs, arrival_s,
+                                    on_done=Progress(len(inputs), label))
     wall = time.perf_counter() - t0
     await nc.close()
     ok = [o for o in outcomes if o.ok]
@@ -157,7 +166,8 @@ def _print_summary(s: dict) -> None:
     w = max(len(r[0]) for r in rows)
     scenes = f" (scenes of {s['scene_frames']} frames)" if s.get("scene_frames") else ""
     print(f"\nofframp demo: {s['model']}, {s['requests']} video-like frames per run{scenes}, "
-          f"{s['concurrency']} in flight (live)")
+          + (f"arrivals {s['arrivals']} (open loop, live)" if s.get("arrivals")
+             else f"{s['concurrency']} in flight (live)"))
     print(f"  {'':<{w}}  {'vanilla':>14}  {'offramp':>14}  {'change':>8}")
     for k, a, b, c in rows:
         print(f"  {k:<{w}}  {a:>14}  {b:>14}  {c:>8}")

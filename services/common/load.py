@@ -1,4 +1,5 @@
-"""Closed-loop load generation over the public contract (demo and benchmarks)."""
+"""Load generation over the public contract (demo and benchmarks): closed loop (a fixed
+number in flight) or open loop (requests sent at given arrival times, whatever is pending)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,39 @@ async def drive(nc: Client, model: str, inputs: list[dict[str, np.ndarray]], con
 
     await asyncio.gather(*(one_loop() for _ in range(concurrency)))
     return outcomes
+
+
+async def drive_open(nc: Client, model: str, inputs: list[dict[str, np.ndarray]],
+                     arrival_s: np.ndarray, slo_ms: float | None = None, timeout: float = 10.0,
+                     on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Send input i at ``arrival_s[i]`` seconds from the start, however many are pending
+    (open loop: a camera does not wait for the previous frame's answer). Latency runs from
+    the scheduled arrival, so a late send counts against the system, not for it."""
+    if len(arrival_s) != len(inputs):
+        raise ValueError(f"{len(inputs)} inputs but {len(arrival_s)} arrival times")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    outcomes: list[Outcome] = []
+
+    async def one(i: int, due: float) -> None:
+        try:
+            r = await infer(nc, model, inputs[i], slo_ms, timeout=timeout)
+            out = Outcome(i, True, (loop.time() - due) * 1e3, "ok", bool(r["early"]),
+                          int(r["exit"]), int(r["label"]), int(r["config_version"]))
+        except InferError as exc:
+            out = Outcome(i, False, (loop.time() - due) * 1e3, exc.code)
+        outcomes.append(out)
+        if on_done is not None:
+            on_done(out)
+
+    tasks = []
+    for i, t in enumerate(np.asarray(arrival_s, dtype=float).tolist()):
+        due = start + t
+        if due > loop.time():
+            await asyncio.sleep(due - loop.time())
+        tasks.append(asyncio.create_task(one(i, due)))
+    await asyncio.gather(*tasks)
+    return sorted(outcomes, key=lambda o: o.index)
 
 
 class Progress:

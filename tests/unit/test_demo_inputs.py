@@ -45,3 +45,13 @@ def test_bad_scene_frames_fail_before_anything_starts(monkeypatch, tmp_path, cap
     assert run_demo(args) == 2
     assert "scene frames must be MIN:MAX" in capsys.readouterr().err
     assert not (tmp_path / "offramp.db").exists()  # no store, no stack
+
+
+def test_bad_arrivals_fail_before_anything_starts(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("OFFRAMP_HOME", str(tmp_path))
+    monkeypatch.setenv("OFFRAMP_MODELS", "tiny")
+    args = argparse.Namespace(model="efficientnet-lite0", requests=4, concurrency=1,
+                              scene_frames=None, arrivals="sometimes:3", json=None)
+    assert run_demo(args) == 2
+    assert "unknown arrival kind" in capsys.readouterr().err
+    assert not (tmp_path / "offramp.db").exists()

@@ -1,0 +1,38 @@
+"""Open-loop load (services.common.load.drive_open): sends on schedule, however many pend."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from services.common import load
+from services.common.client import InferError
+
+
+def test_sends_on_schedule_without_waiting_for_answers(monkeypatch):
+    sent: list[tuple[int, float]] = []
+
+    async def fake_infer(nc, model, inputs, slo_ms, timeout):
+        loop = asyncio.get_running_loop()
+        sent.append((inputs["i"], loop.time()))
+        await asyncio.sleep(0.05)               # every answer outlives the next arrival
+        if inputs["i"] == 2:
+            raise InferError("overloaded", "full")
+        return {"early": inputs["i"] == 1, "exit": 3, "label": 7, "config_version": 4}
+
+    monkeypatch.setattr(load, "infer", fake_infer)
+    arrivals = np.array([0.0, 0.01, 0.02, 0.03])
+    outs = asyncio.run(load.drive_open(None, "m", [{"i": i} for i in range(4)], arrivals))
+    assert [o.index for o in outs] == [0, 1, 2, 3]
+    assert [i for i, _ in sent] == [0, 1, 2, 3]
+    assert sent[-1][1] - sent[0][1] < 0.05       # all four were sent before the first answer
+    assert [o.ok for o in outs] == [True, True, False, True] and outs[2].code == "overloaded"
+    assert outs[1].early and not outs[0].early and outs[0].config_version == 4
+    assert all(o.latency_ms >= 50.0 for o in outs)  # from the scheduled arrival
+
+
+def test_needs_one_arrival_per_input():
+    with pytest.raises(ValueError, match="arrival times"):
+        asyncio.run(load.drive_open(None, "m", [{}, {}], np.array([0.0])))

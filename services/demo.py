@@ -28,12 +28,12 @@ def run_demo(args: argparse.Namespace) -> int:
     cfg = config_mod.load()
     say = lambda m: print(m, file=sys.stderr)
     try:
-        if args.scene_frames is not None:  # a typo fails before any waiting
-            parse_scene_frames(args.scene_frames)
-        arrival_s = (None if getattr(args, "arrivals", None) is None
+        # typos fail before any waiting
+        scenes = None if args.scene_frames is None else parse_scene_frames(args.scene_frames)
+        arrival_s = (None if args.arrivals is None
                      else make_arrivals(args.arrivals, n=args.requests, seed=(1, 0xA7)))
         prepare_state(cfg, say=say)
-        inputs = demo_inputs(cfg, args.model, args.requests, args.scene_frames)
+        inputs = demo_inputs(cfg, args.model, args.requests, scenes)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -73,7 +73,7 @@ def run_demo(args: argparse.Namespace) -> int:
             tuner.wait(timeout=15)
         sup.stop()
     summary = {"model": args.model, "requests": args.requests,
-               "concurrency": args.concurrency, "arrivals": getattr(args, "arrivals", None),
+               "concurrency": args.concurrency, "arrivals": args.arrivals,
                "scene_frames": args.scene_frames, "vanilla": vanilla, "offramp": adaptive,
                "deployment": deployment}
     _print_summary(summary)
@@ -83,27 +83,22 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0 if vanilla["errors"] == 0 and adaptive["errors"] == 0 else 1
 
 
-def demo_inputs(cfg, model: str, n: int, scene_frames: str | None = None
+def demo_inputs(cfg, model: str, n: int, scenes: tuple[int, int] | None = None
                 ) -> list[dict[str, np.ndarray]]:
     """The stream both runs send: the model's sample inputs (video frames for image models),
-    or, with ``scene_frames``, video frames with those scene lengths (one 3 x S x S input)."""
-    if scene_frames is None:
+    or, with ``scenes`` (min, max frames per scene), video frames with those scene lengths."""
+    if scenes is None:
         from services.models.zoo import sample_inputs
 
         batch = sample_inputs(model, n, seed=1)
     else:
         from services.models.manifest import Manifest
-        from services.models.workloads import iter_video_frames
+        from services.models.workloads import image_input, iter_video_frames
 
-        lo, hi = parse_scene_frames(scene_frames)
-        spec = Manifest.load(cfg.models_dir / model).inputs
-        shape = list(spec[0].shape) if len(spec) == 1 else []
-        if len(shape) != 3 or shape[0] != 3 or shape[1] != shape[2] or shape[1] <= 0:
-            raise ValueError(f"--scene-frames needs a model with one 3 x S x S image input; "
-                             f"{model} takes {[(t.name, t.shape) for t in spec]}")
-        frames = [f for f, _ in iter_video_frames(n, seed=1, size=shape[1], min_scene=lo,
-                                                  max_scene=hi)]
-        batch = {spec[0].name: np.concatenate(frames) if frames else np.zeros([0, *shape])}
+        name, size = image_input(Manifest.load(cfg.models_dir / model).inputs)
+        frames = [f for f, _ in iter_video_frames(n, seed=1, size=size, min_scene=scenes[0],
+                                                  max_scene=scenes[1])]
+        batch = {name: np.concatenate(frames) if frames else np.zeros([0, 3, size, size])}
     return [{k: v[i] for k, v in batch.items()} for i in range(n)]
 
 

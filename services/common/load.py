@@ -27,6 +27,18 @@ class Outcome:
     config_version: int = -1
 
 
+async def _request(nc: Client, model: str, i: int, inputs: dict[str, np.ndarray],
+                   slo_ms: float | None, timeout: float, start: float,
+                   clock: Callable[[], float]) -> Outcome:
+    """One request; its latency runs from ``start`` on ``clock``."""
+    try:
+        r = await infer(nc, model, inputs, slo_ms, timeout=timeout)
+        return Outcome(i, True, (clock() - start) * 1e3, "ok", bool(r["early"]),
+                       int(r["exit"]), int(r["label"]), int(r["config_version"]))
+    except InferError as exc:
+        return Outcome(i, False, (clock() - start) * 1e3, exc.code)
+
+
 async def drive(nc: Client, model: str, inputs: list[dict[str, np.ndarray]], concurrency: int,
                 slo_ms: float | None = None, timeout: float = 10.0,
                 on_done: Callable[[Outcome], None] | None = None,
@@ -44,13 +56,8 @@ async def drive(nc: Client, model: str, inputs: list[dict[str, np.ndarray]], con
                 return
             if stop_at is not None and time.perf_counter() >= stop_at:
                 return
-            t0 = time.perf_counter()
-            try:
-                r = await infer(nc, model, inputs[i % len(inputs)], slo_ms, timeout=timeout)
-                out = Outcome(i, True, (time.perf_counter() - t0) * 1e3, "ok", bool(r["early"]),
-                              int(r["exit"]), int(r["label"]), int(r["config_version"]))
-            except InferError as exc:
-                out = Outcome(i, False, (time.perf_counter() - t0) * 1e3, exc.code)
+            out = await _request(nc, model, i, inputs[i % len(inputs)], slo_ms, timeout,
+                                 time.perf_counter(), time.perf_counter)
             outcomes.append(out)
             if on_done is not None:
                 on_done(out)
@@ -72,12 +79,7 @@ async def drive_open(nc: Client, model: str, inputs: list[dict[str, np.ndarray]]
     outcomes: list[Outcome] = []
 
     async def one(i: int, due: float) -> None:
-        try:
-            r = await infer(nc, model, inputs[i], slo_ms, timeout=timeout)
-            out = Outcome(i, True, (loop.time() - due) * 1e3, "ok", bool(r["early"]),
-                          int(r["exit"]), int(r["label"]), int(r["config_version"]))
-        except InferError as exc:
-            out = Outcome(i, False, (loop.time() - due) * 1e3, exc.code)
+        out = await _request(nc, model, i, inputs[i], slo_ms, timeout, due, loop.time)
         outcomes.append(out)
         if on_done is not None:
             on_done(out)

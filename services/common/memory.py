@@ -6,7 +6,8 @@ glibc serves every allocation above its mmap threshold (128 KiB at start, raised
 when such a block is freed) with a new mapping, and trims freed heap top back to the
 kernel, so each copy faulted its pages in again: in a one-off probe on EfficientNet the
 router spent 4.9 ms of CPU per request, mostly page faults and page clearing (perf); with
-the thresholds raised, 1.7-1.9 ms (``offramp bench overhead`` shows the end-to-end effect). A process then keeps up to ``TRIM_THRESHOLD`` of freed heap for reuse.
+the thresholds raised, 1.7-1.9 ms (``offramp bench overhead`` shows the end-to-end
+effect). A process then keeps up to ``TRIM_THRESHOLD`` of freed heap for reuse.
 """
 
 from __future__ import annotations

@@ -110,6 +110,16 @@ def parse_scene_frames(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def image_input(inputs: list) -> tuple[str, int]:
+    """(name, S) of a model's only input when it is one 3 x S x S image (manifest tensor
+    specs), the kind these video streams feed; ValueError otherwise."""
+    shape = list(inputs[0].shape) if len(inputs) == 1 else []
+    if len(shape) != 3 or shape[0] != 3 or shape[1] != shape[2] or shape[1] <= 0:
+        raise ValueError(f"video frames feed one 3 x S x S image input; the model takes "
+                         f"{[(t.name, t.shape) for t in inputs]}")
+    return inputs[0].name, shape[1]
+
+
 def plan(n: int, seed: int = 0, min_scene: int = SCENE_FRAMES[0],
          max_scene: int = SCENE_FRAMES[1]) -> FramePlan:
     if not 1 <= min_scene <= max_scene:

@@ -68,16 +68,14 @@ def _file_inputs(path: Path, input_names: list[str]) -> tuple[int, Iterator[dict
 
 def _video_inputs(n: int, seed: int, inputs: list, scenes: tuple[int, int]
                   ) -> Iterator[dict[str, np.ndarray]]:
-    shape = list(inputs[0].shape) if len(inputs) == 1 else []
-    if len(shape) != 3 or shape[0] != 3 or shape[1] != shape[2] or shape[1] <= 0:
-        raise ValueError(f"the video workload feeds one 3 x S x S image, the model takes "
-                         f"{[(t.name, t.shape) for t in inputs]}: use --inputs")
-    from services.models.workloads import iter_video_frames
+    from services.models.workloads import image_input, iter_video_frames
+
+    name, size = image_input(inputs)  # raises before the first frame, not lazily
 
     def frames() -> Iterator[dict[str, np.ndarray]]:
-        for block, _ in iter_video_frames(n, seed=seed, size=shape[1], chunk=CHUNK,
+        for block, _ in iter_video_frames(n, seed=seed, size=size, chunk=CHUNK,
                                           min_scene=scenes[0], max_scene=scenes[1]):
-            yield {inputs[0].name: block}
+            yield {name: block}
 
     return frames()
 

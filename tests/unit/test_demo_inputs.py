@@ -21,9 +21,9 @@ def test_default_stream_is_the_models_sample_inputs(models_dir):
 
 def test_scene_frames_shape_the_video_stream(models_dir):
     cfg = SimpleNamespace(models_dir=models_dir)
-    same = demo_inputs(cfg, "efficientnet-lite0", 6, "16:120")  # the default scene lengths
+    same = demo_inputs(cfg, "efficientnet-lite0", 6, (16, 120))  # the default scene lengths
     assert np.array_equal(np.stack([g["image"] for g in same]), video_frames(6, seed=1))
-    x = np.stack([g["image"] for g in demo_inputs(cfg, "efficientnet-lite0", 12, "4:4")])
+    x = np.stack([g["image"] for g in demo_inputs(cfg, "efficientnet-lite0", 12, (4, 4))])
     assert x.shape == (12, 3, 224, 224)
     step = np.abs(np.diff(x, axis=0)).mean(axis=(1, 2, 3))
     cuts = np.zeros(11, bool)
@@ -34,14 +34,14 @@ def test_scene_frames_shape_the_video_stream(models_dir):
 def test_scene_frames_need_an_image_model(models_dir):
     cfg = SimpleNamespace(models_dir=models_dir)
     with pytest.raises(ValueError, match="3 x S x S"):
-        demo_inputs(cfg, "tiny", 4, "10:20")
+        demo_inputs(cfg, "tiny", 4, (10, 20))
 
 
 def test_bad_scene_frames_fail_before_anything_starts(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("OFFRAMP_HOME", str(tmp_path))
     monkeypatch.setenv("OFFRAMP_MODELS", "tiny")
     args = argparse.Namespace(model="efficientnet-lite0", requests=4, concurrency=1,
-                              scene_frames="9:3", json=None)
+                              scene_frames="9:3", arrivals=None, json=None)
     assert run_demo(args) == 2
     assert "scene frames must be MIN:MAX" in capsys.readouterr().err
     assert not (tmp_path / "offramp.db").exists()  # no store, no stack

@@ -244,6 +244,8 @@ def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, devi
         "unsplit_ms": unsplit_ms,
         "unsplit_by_batch": unsplit_by_batch,
         "range_ms": range_ms,
+        "ramp_serving": "split where noted" if rt.tap_notes else "tapped",
+        "ramp_serving_notes": list(rt.tap_notes),
         "bootstrap_samples": len(feats.labels),
         "bootstrap_seed": BOOTSTRAP_SEED,
         "agreement_estimate": "5-fold cross-validation by scene/group",
@@ -272,18 +274,28 @@ def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, devi
 
 def _serving_costs(rt, ramps: list[RampSpec], n_blocks: int, one: dict[str, np.ndarray]) -> float:
     """What a worker pays at batch 1, in place in ``ramps``: ``prefix_ms`` (the merged range
-    from the input to the ramp's site) and ``serve_ms`` (activating the ramp: its stage splits
-    there into two ONNX Runtime calls and its head runs fused into the first, over the
-    unsplit range; never below the head's own cost). Returns the unsplit range's latency."""
+    from the input to the ramp's site) and ``serve_ms`` (activating the ramp, over the
+    unsplit range: its head and tap in the one tapped call, see ``services.models.taps``;
+    where taps are unavailable, the split of the stage into two calls there plus the head;
+    never below the head's own cost). Returns the unsplit range's latency."""
     from services.models.runtime import as_numpy
 
     def upto(end: int) -> object:
         return as_numpy(rt.run_range(0, end, one)[0])
 
+    def ignore(_ramp: int, _logits: np.ndarray) -> None:
+        pass
+
     range_ms = _median_ms(lambda: upto(n_blocks))
     for k, r in enumerate(ramps):
         i = r.after_block
-        if i + 1 < n_blocks:
+        sess = rt.tapped((r.index,))
+        if sess is not None:
+            def tapped(sess=sess) -> object:
+                return as_numpy(rt.run_tapped(sess, one, one, ignore))
+
+            serve = _marginal_ms(tapped, lambda: upto(n_blocks))
+        elif i + 1 < n_blocks:
             def split(i: int = i, ramp: int = r.index) -> object:
                 act, _ = rt.run_range(0, i + 1, one, one, ramp)
                 return as_numpy(rt.run_range(i + 1, n_blocks, act, one)[0])

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +77,7 @@ class StageRuntime:
         last_block: int,
         device: str = "auto",
         threads: int = 0,
+        use_taps: bool = True,
     ) -> None:
         if not 0 <= first_block < last_block <= manifest.num_blocks:
             raise ValueError(
@@ -95,6 +98,10 @@ class StageRuntime:
         self._so, self._providers = so, wanted
         self._out_device = "cuda" if wanted[0] == CUDA else "cpu"
         self._merged: dict[tuple[int, int], ort.InferenceSession] = {}
+        self._tapped: dict[tuple[int, ...], ort.InferenceSession | None] = {}
+        self.use_taps = use_taps
+        self.threads = threads
+        self.tap_notes: list[str] = []  # why a set of ramps splits instead (for logs)
         self._merge_lock = threading.Lock()
         self.ramps = manifest.ramps_in(first_block, last_block)
         self._ramps = {r.index: load(r.file) for r in self.ramps}
@@ -147,13 +154,24 @@ class StageRuntime:
         the stage's final output."""
         sess = self.merged(start, end, ramp) if (end - start > 1 or ramp is not None) \
             else self._blocks[start]
+        out = self._run_bound(sess, f"blocks {start}..{end - 1}", x, model_inputs)
+        if ramp is None:
+            return out[0], None
+        if len(out) == 1:  # the head could not be fused (see merged): run it on its own
+            return out[0], self.run_ramp(ramp, as_numpy(out[0]))
+        return out[0], out[1].numpy()
+
+    def _run_bound(self, sess: ort.InferenceSession, what: str, x, model_inputs) -> list:
+        """Run ``sess`` with its activation input bound from ``x`` (kept in the runtime's
+        memory when it is an OrtValue) and model inputs from ``model_inputs``; the first
+        output stays on the device, the others (ramp logits, taps) come to the CPU."""
         if isinstance(x, dict):
             model_inputs = x if model_inputs is None else model_inputs
         io = sess.io_binding()
         for i in sess.get_inputs():
             if i.name in self._in_dtypes:
                 if model_inputs is None or i.name not in model_inputs:
-                    raise ValueError(f"blocks {start}..{end - 1} read model input {i.name!r}")
+                    raise ValueError(f"{what} read model input {i.name!r}")
                 io.bind_cpu_input(i.name, self._model_input(i.name, model_inputs))
             else:
                 act = x["x"] if isinstance(x, dict) else x
@@ -166,12 +184,89 @@ class StageRuntime:
         for o in outputs[1:]:
             io.bind_output(o.name, "cpu")  # ramp logits: small, read right away
         sess.run_with_iobinding(io)
-        out = io.get_outputs()
-        if ramp is None:
-            return out[0], None
-        if len(out) == 1:  # the head could not be fused (see merged): run it on its own
-            return out[0], self.run_ramp(ramp, as_numpy(out[0]))
-        return out[0], out[1].numpy()
+        return io.get_outputs()
+
+    # ------------------------------------------------------------------ tapped stages
+
+    def tapped(self, ramps: tuple[int, ...]) -> ort.InferenceSession | None:
+        """The whole stage with ``ramps`` (active, in this stage, in site order) fused in
+        and tapped (``services.models.taps``): one runtime call per batch. None when taps
+        are unavailable here or the runtime does not run them in place; the stage then
+        splits at each ramp (``run_range``). Built and checked on first use."""
+        if not ramps:
+            return None
+        if ramps not in self._tapped:
+            with self._merge_lock:
+                if ramps not in self._tapped:
+                    self._tapped[ramps] = self._build_tapped(ramps)
+        return self._tapped[ramps]
+
+    def preload_taps(self) -> None:
+        """Import the tap library now (seconds on a small machine), not when the first
+        config with active ramps arrives."""
+        if self.use_taps and self._providers[0] == CPU:
+            from services.models import taps
+
+            taps.library_path()
+
+    def _build_tapped(self, ramps: tuple[int, ...]) -> ort.InferenceSession | None:
+        import onnx
+
+        from services.models import taps
+        from services.models.onnx_blocks import assemble
+
+        if not self.use_taps or self._providers[0] != CPU:
+            return None  # a GPU run would copy each ramp's logits out mid-graph: split there
+        lib = taps.library_path()
+        if lib is None:
+            self.tap_notes.append("onnxruntime-extensions is not installed: ramps split stages")
+            return None
+        blocks = self.manifest.blocks[self.first_block:self.last_block]
+        parts = [onnx.load(str(self.model_dir / b.file)) for b in blocks]
+        heads = [(r, self.manifest.blocks[self.manifest.ramp(r).after_block].output_name,
+                  onnx.load(str(self.model_dir / self.manifest.ramp(r).file))) for r in ramps]
+        try:
+            data = taps.tapped(assemble(parts, 0, len(parts)), heads).SerializeToString()
+        except Exception as exc:  # noqa: BLE001 - e.g. an opset mismatch in a user's model
+            self.tap_notes.append(f"ramps {list(ramps)} cannot be tapped ({exc}): split")
+            return None
+
+        so = session_options(self.threads)
+        so.register_custom_ops_library(lib)
+        names = [{n.name for n in p.graph.node} for p in parts]
+        later = {}
+        for r in ramps:  # nodes only after the site (free nodes repeat in every block)
+            cut = self.manifest.ramp(r).after_block + 1 - self.first_block
+            later[r] = set().union(*names[cut:]) - set().union(*names[:cut])
+        with tempfile.TemporaryDirectory(prefix="offramp-taps-") as tmp:
+            taps.profile_into(so, tmp)  # the first run only: verify_order ends it
+            sess = ort.InferenceSession(data, so, providers=self._providers)
+            check = taps.verify_order(sess, self.dummy_feeds(sess), ramps, later)
+        if not check.ok:
+            self.tap_notes.append(f"ramps {list(ramps)}: {check.reason}: split")
+            return None
+        return sess
+
+    def dummy_feeds(self, sess: ort.InferenceSession) -> dict[str, np.ndarray]:
+        """Inputs of the right types and ranks for a trial run (batch 1, other free
+        dimensions 8; ones, which are valid token ids and attention masks too)."""
+        out = {}
+        for i in sess.get_inputs():
+            shape = [d if isinstance(d, int) and d > 0 else (1 if k == 0 else 8)
+                     for k, d in enumerate(i.shape)]
+            dtype = np.int64 if "int64" in i.type else np.int32 if "int32" in i.type \
+                else np.float32
+            out[i.name] = np.ones(shape, dtype=dtype)
+        return out
+
+    def run_tapped(self, sess: ort.InferenceSession, x, model_inputs,
+                   on_logits: Callable[[int, np.ndarray], None]) -> ort.OrtValue:
+        """One call of a ``tapped`` session; ``on_logits(ramp, logits)`` runs inside it as
+        each ramp's head finishes (on this thread). Returns the stage's output."""
+        from services.models.taps import handling
+
+        with handling(on_logits):
+            return self._run_bound(sess, "the tapped stage", x, model_inputs)[0]
 
     def merged(self, start: int, end: int, ramp: int | None = None) -> ort.InferenceSession:
         """The session for blocks [start, end) (+ a fused ramp head), assembled from the
@@ -201,9 +296,21 @@ class StageRuntime:
         except Exception:  # noqa: BLE001 - e.g. opset mismatch in a user's model: run apart
             return model
 
-    def warm(self, ramp_after: dict[int, int]) -> None:
-        """Build the sessions an exit config needs (``ramp_after``: block -> active ramp
-        sited after it) before it is applied."""
+    def active_here(self, active) -> tuple[int, ...]:
+        """The ramps of ``active`` sited in this stage, in site order."""
+        want = set(active)
+        return tuple(r.index for r in sorted(self.ramps, key=lambda r: (r.after_block, r.index))
+                     if r.index in want)
+
+    def warm(self, active) -> None:
+        """Build the sessions an exit config with ``active`` ramps needs before it is
+        applied: the tapped stage, else the split ranges (each with its first ramp)."""
+        ramps = self.active_here(active)
+        if self.tapped(ramps) is not None:
+            return
+        ramp_after: dict[int, int] = {}
+        for r in ramps:
+            ramp_after.setdefault(self.manifest.ramp(r).after_block, r)
         for a, b in block_ranges(self.first_block, self.last_block, set(ramp_after)):
             self.merged(a, b, ramp_after.get(b - 1))
 

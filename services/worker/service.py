@@ -109,20 +109,18 @@ class Worker:
             return
         # Build the merged block sessions the new active set needs before it is applied,
         # off the event loop, so no batch waits for session creation.
-        await self.loop.run_in_executor(None, self.runtime.warm, self.cut_after(config))
+        await self.loop.run_in_executor(None, self.runtime.warm, config.active)
+        self._log_tap_notes()
         if config.version > self._newest_version():
             self.next_config = config  # swapped in between batches, never mid-batch
 
     def _newest_version(self) -> int:
         return max(self.config.version, self.next_config.version if self.next_config else -1)
 
-    def cut_after(self, config: ExitConfig) -> dict[int, int]:
-        """Block -> the (first) active ramp sited after it, for this stage."""
-        out: dict[int, int] = {}
-        for r in self.ramps:
-            if r.index in config.active:
-                out.setdefault(r.after_block, r.index)
-        return out
+    def _log_tap_notes(self) -> None:
+        """Say once why a set of active ramps splits the stage instead of being tapped."""
+        while self.runtime.tap_notes:
+            self.log.warning("ramps not tapped %s", logs.kv(why=self.runtime.tap_notes.pop(0)))
 
     def _publish_threadsafe(self, messages: list[tuple[str, bytes]], flush: bool = False) -> None:
         """Publishes stay in order (an early result always precedes its final): an inline
@@ -338,7 +336,9 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
     row = await asyncio.to_thread(store.latest_exit_config, model)
     if row is not None:
         worker.config = ExitConfig(model, row.version, row.mode, dict(row.thresholds), list(row.active))
-    await asyncio.to_thread(runtime.warm, worker.cut_after(worker.config))
+    await asyncio.to_thread(runtime.preload_taps)
+    await asyncio.to_thread(runtime.warm, worker.config.active)
+    worker._log_tap_notes()
     await nc.subscribe(subjects.exit_config(model), cb=worker.on_config)
     if stage == 0:
         await subscribe_direct(nc, subjects.work(worker.id), worker.on_batch)

@@ -39,22 +39,38 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
         model_inputs = x
     t0 = time.perf_counter()
     ids, preds, scores = list(ramp_ids or []), list(ramp_pred or []), list(ramp_score or [])
-    active = [r for r in ramps if r.index in config.active]
-    for start, end in block_ranges(first, last, {r.after_block for r in active}):
-        here = [r for r in active if r.after_block == end - 1]
-        x, fused = runtime.run_range(start, end, x, model_inputs,
-                                     here[0].index if here else None)
-        for k, ramp in enumerate(here):
-            logits = fused if k == 0 else runtime.run_ramp(ramp.index, x)
-            labels, score = ramp_outcome(logits, config.score)
-            ids.append(ramp.index)
-            preds.append(labels)
-            scores.append(score)
-            mask = exits_at(ramp.index, score, exit_at, config)
-            if mask.any():
-                exit_at[mask] = ramp.index
-                if on_early is not None:
-                    idx = np.flatnonzero(mask)
-                    on_early(ramp.index, idx, labels[idx], score[idx], logits[idx])
+
+    def record(ramp: int, logits: np.ndarray) -> None:
+        labels, score = ramp_outcome(logits, config.score)
+        ids.append(ramp)
+        preds.append(labels)
+        scores.append(score)
+        mask = exits_at(ramp, score, exit_at, config)
+        if mask.any():
+            exit_at[mask] = ramp
+            if on_early is not None:
+                idx = np.flatnonzero(mask)
+                on_early(ramp, idx, labels[idx], score[idx], logits[idx])
+
+    here = tuple(r.index for r in sorted(ramps, key=lambda r: (r.after_block, r.index))
+                 if r.index in config.active)
+    tapped = getattr(runtime, "tapped", None)  # a runtime without taps splits
+    whole = tapped is not None and (first, last) == (runtime.first_block, runtime.last_block)
+    sess = tapped(here) if here and whole else None
+    if sess is not None:  # one call; each ramp's logits arrive as its head finishes
+        before = len(ids)
+        x = runtime.run_tapped(sess, x, model_inputs, record)
+        if ids[before:] != list(here):
+            raise RuntimeError(f"taps of ramps {list(here)} reported {ids[before:]}")
+    else:
+        ramp_after: dict[int, list[int]] = {}
+        for r in ramps:
+            if r.index in here:
+                ramp_after.setdefault(r.after_block, []).append(r.index)
+        for start, end in block_ranges(first, last, set(ramp_after)):
+            at = ramp_after.get(end - 1, [])
+            x, fused = runtime.run_range(start, end, x, model_inputs, at[0] if at else None)
+            for k, r in enumerate(at):
+                record(r, fused if k == 0 else runtime.run_ramp(r, x))
     return StageOutcome(as_numpy(x), ids, preds, scores, exit_at,
                         (time.perf_counter() - t0) * 1e3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from schemas.messages import ExitConfig
 from services.worker.exits import exits_at, initial_config, ramp_outcome
@@ -77,3 +78,58 @@ def test_execute_skips_inactive_ramps():
     out = execute(FakeRuntime(), ramps, 0, 1, {"x": np.zeros((1, 1), np.float32)},
                   np.full(1, -1, np.int32), cfg)
     assert out.ramp_ids == [] and out.exit_at.tolist() == [-1]
+
+
+class FakeTappedRuntime(FakeRuntime):
+    """The same arithmetic as one tapped call: each ramp's logits reach the handler in site
+    order from inside ``run_tapped``; ``report`` lets a test break that contract."""
+
+    first_block, last_block = 0, 3
+
+    def __init__(self, report=None):
+        self.calls, self.report = [], report
+
+    def tapped(self, ramps):
+        return ("session", ramps)
+
+    def run_tapped(self, sess, x, model_inputs, on_logits):
+        _, ramps = sess
+        self.calls.append(ramps)
+        site = {0: 0, 1: 1}
+        x = x["x"] if isinstance(x, dict) else x
+        for b in range(self.first_block, self.last_block):
+            x = x + 1.0
+            for r in ramps if self.report is None else self.report:
+                if site[r] == b:
+                    on_logits(r, self.run_ramp(r, x))
+        return x
+
+
+def test_execute_tapped_makes_the_same_decisions_in_one_call():
+    ramps = [SimpleNamespace(index=0, after_block=0), SimpleNamespace(index=1, after_block=1)]
+    cfg = ExitConfig("m", 7, thresholds={0: 0.1, 1: 0.5}, active=[1, 0])
+    x = {"x": np.array([[-1.0], [2.0]], np.float32)}
+    rt, early = FakeTappedRuntime(), []
+    out = execute(rt, ramps, 0, 3, x, np.full(2, -1, np.int32), cfg,
+                  lambda r, idx, lab, sc, lg: early.append((r, idx.tolist(), lab.tolist())))
+    assert rt.calls == [(0, 1)]                        # one call, ramps in site order
+    assert out.ramp_ids == [0, 1] and out.exit_at.tolist() == [1, 0]
+    assert early == [(0, [1], [0]), (1, [0], [1])]
+    assert float(out.output[0, 0]) == 2.0
+
+
+def test_execute_tapped_fails_the_batch_when_a_tap_does_not_report():
+    ramps = [SimpleNamespace(index=0, after_block=0), SimpleNamespace(index=1, after_block=1)]
+    cfg = ExitConfig("m", 7, thresholds={0: 0.1, 1: 0.5}, active=[0, 1])
+    x = {"x": np.array([[-1.0], [2.0]], np.float32)}
+    with pytest.raises(RuntimeError, match="reported"):
+        execute(FakeTappedRuntime(report=[0]), ramps, 0, 3, x, np.full(2, -1, np.int32), cfg)
+
+
+def test_execute_splits_a_partial_range_even_when_taps_exist():
+    ramps = [SimpleNamespace(index=0, after_block=0)]
+    cfg = ExitConfig("m", 7, thresholds={0: 0.1}, active=[0])
+    rt = FakeTappedRuntime()
+    out = execute(rt, ramps, 0, 2, {"x": np.zeros((1, 1), np.float32)},
+                  np.full(1, -1, np.int32), cfg)
+    assert rt.calls == [] and out.ramp_ids == [0]

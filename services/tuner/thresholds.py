@@ -51,7 +51,7 @@ import numpy as np
 from services.tuner.window import ExitWindow, LatencyProfile
 
 DEFAULT_CONSTRAINT = 0.01  # at most 1% disagreement with the final model
-DEFAULT_INITIAL_STEP = 0.1
+DEFAULT_INITIAL_STEP = 0.08
 DEFAULT_FLOOR = 0.01
 DEFAULT_MAX_THRESHOLD = 1.0
 DEFAULT_GRID = tuple(round(0.05 * i, 2) for i in range(21))

@@ -82,7 +82,7 @@ def test_evaluate_zero_never_exits_and_threshold_is_strict() -> None:
 
 def test_tune_hand_worked_two_ramps() -> None:
     """Traced by hand with constraint 0.1 (one disagreement of ten allowed)."""
-    res = tune(hand_window(), HAND_PROFILE, constraint=0.1)
+    res = tune(hand_window(), HAND_PROFILE, constraint=0.1, initial_step=0.1)
     assert res.thresholds == (0.55, 0.7125)
     assert res.evaluation.exit_rates == (0.5, 0.2)
     assert res.evaluation.disagreements == 1
@@ -169,7 +169,7 @@ def test_result_meets_constraint_and_cannot_step_further(seed: int, constraint: 
 
 def test_each_move_stays_feasible_and_gains_or_is_neutral() -> None:
     w, p = synthetic(3)
-    res = tune(w, p)
+    res = tune(w, p, initial_step=0.1)
     th = [0.0] * w.n_ramps
     prev = evaluate(w, p, th)
     for m in res.moves:
@@ -187,7 +187,7 @@ def test_step_doubles_on_chosen_move() -> None:
     n = 50
     w = ExitWindow.build((0,), [list(range(n))], [np.linspace(0.01, 0.99, n)], list(range(n)))
     p = LatencyProfile.build([1.0, 10.0], [0.1])
-    res = tune(w, p)
+    res = tune(w, p, initial_step=0.1)
     assert [m.step for m in res.moves] == [0.1, 0.2, 0.4, 0.8][: len(res.moves)]
     assert [m.threshold for m in res.moves][:3] == [0.1, 0.3, 0.7]
     assert res.thresholds == (1.0,)  # capped at the max threshold: everything exits
@@ -198,7 +198,7 @@ def test_step_halves_on_violation_down_to_the_floor_then_stops() -> None:
     # every sample disagrees and is maximally confident: any threshold > 0 violates
     w = ExitWindow.build((2,), [[1, 1, 1, 1]], [[0.0, 0.0, 0.0, 0.0]], [0, 0, 0, 0])
     p = LatencyProfile.build([1.0, 2.0, 3.0, 4.0], [0.1, 0.1, 0.1])
-    res = tune(w, p)
+    res = tune(w, p, initial_step=0.1)
     # 0.1 -> 0.05 -> 0.025 -> 0.0125 -> 0.01 (floor), then a violation at the floor stops it
     assert res.moves == () and res.thresholds == (0.0,)
     assert res.rounds == 5 and res.steps == (0.01,)
@@ -218,7 +218,7 @@ def test_lossy_move_waits_for_a_finer_step_of_a_violating_ramp() -> None:
     w = ExitWindow.build((0, 1), [[f if ok else f + 100 for f, ok in zip(FINAL, oks)]
                                   for oks in (ok0, ok1)], [s0, s1], FINAL)
     p = LatencyProfile.build([2.0, 6.0, 10.0], [0.0, 0.0])
-    res = tune(w, p, constraint=0.1)
+    res = tune(w, p, constraint=0.1, initial_step=0.1)
     assert (res.moves[0].round, res.moves[0].ramp_id, res.moves[0].threshold) == (2, 0, 0.05)
     assert res.evaluation.exit_rates == (0.6, 0.0)
     assert res.evaluation.savings_ms == pytest.approx(4.8)
@@ -351,3 +351,23 @@ def test_bad_inputs() -> None:
         w.select([3])
     with pytest.raises(ValueError, match="different active ramps"):
         ExitWindow.concat([w, w.select([0])])
+
+
+def test_default_climb_stays_on_the_floor_lattice_and_reaches_a_narrow_boundary() -> None:
+    """Confident right answers score 0.015 and 0.018, a wrong one 0.021: the best threshold
+    lies in (0.018, 0.021]. The default first step (0.08) halves to 0.04, 0.02, 0.01, so
+    every threshold the climb visits is a multiple of the 0.01 floor and it lands on 0.02,
+    as a grid of step 0.01 does. A first step of 0.1 halves to 0.0125, a lattice that
+    steps over the boundary: it stops at 0.0125, where nothing exits."""
+    scores = [0.015, 0.018, 0.021] + [0.5] * 7
+    final = list(range(10))
+    pred = [0, 1, 102] + final[3:]
+    w = ExitWindow.build((0,), [pred], [scores], final)
+    p = LatencyProfile.build([1.0, 10.0], [0.1])
+    res = tune(w, p, constraint=0.0)
+    assert res.thresholds == (0.02,)
+    assert all(abs(m.threshold * 100 - round(m.threshold * 100)) < 1e-9 for m in res.moves)
+    grid = grid_search(w, p, 0.0, tuple(round(0.01 * i, 2) for i in range(101)))
+    assert res.evaluation.savings_ms == pytest.approx(grid.evaluation.savings_ms)
+    coarse = tune(w, p, constraint=0.0, initial_step=0.1)
+    assert coarse.thresholds == (0.0125,) and coarse.evaluation.exit_rates == (0.0,)

@@ -59,7 +59,8 @@ def run_demo(args: argparse.Namespace) -> int:
         prof = LatencyProfile.from_manifest(manifest)
         deployment = {"active": active, "ramp_budget": cfg.ramp_budget,
                       "full_ms": prof.full_ms,
-                      "cheapest_ramp_ms": float(prof.ramp_cost_ms.min()) if prof.n_sites else None}
+                      "cheapest_ramp_ms": float(prof.ramp_cost_ms.min()) if prof.n_sites else None,
+                      "ramp_serving": manifest.meta.get("ramp_serving", "split")}
         set_exit_config(cfg, url, args.model, 0.0, [], ",".join(map(str, active)) or "none",
                         "demo: initial deployment for the adaptive run")
         tuner = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "tuner"],
@@ -173,6 +174,7 @@ def _print_summary(s: dict) -> None:
         cheapest = d["cheapest_ramp_ms"] / d["full_ms"]
         print(f"  initial deployment: {len(d['active'])} ramps active within the "
               f"{d['ramp_budget']:.0%} ramp budget; the cheapest ramp costs "
-              f"{d['cheapest_ramp_ms']:.2f} ms to serve here ({cheapest:.1%} of the model: its "
-              "stage splits there)" + ("" if d["active"] else
+              f"{d['cheapest_ramp_ms']:.2f} ms to serve here ({cheapest:.1%} of the model: "
+              + ("its head and tap in the stage's one call" if d.get("ramp_serving") == "tapped"
+                 else "its stage splits there") + ")" + ("" if d["active"] else
               "; raise OFFRAMP_RAMP_BUDGET to trade worst-case latency for exits"))

@@ -238,10 +238,14 @@ class StageRuntime:
         for r in ramps:  # nodes only after the site (free nodes repeat in every block)
             cut = self.manifest.ramp(r).after_block + 1 - self.first_block
             later[r] = set().union(*names[cut:]) - set().union(*names[:cut])
-        with tempfile.TemporaryDirectory(prefix="offramp-taps-") as tmp:
-            taps.profile_into(so, tmp)  # the first run only: verify_order ends it
-            sess = ort.InferenceSession(data, so, providers=self._providers)
-            check = taps.verify_order(sess, self.dummy_feeds(sess), ramps, later)
+        try:
+            with tempfile.TemporaryDirectory(prefix="offramp-taps-") as tmp:
+                taps.profile_into(so, tmp)  # the first run only: verify_order ends it
+                sess = ort.InferenceSession(data, so, providers=self._providers)
+                check = taps.verify_order(sess, self.dummy_feeds(sess), ramps, later)
+        except Exception as exc:  # noqa: BLE001 - e.g. a trial input the graph rejects
+            self.tap_notes.append(f"ramps {list(ramps)} could not be checked ({exc!r}): split")
+            return None
         if not check.ok:
             self.tap_notes.append(f"ramps {list(ramps)}: {check.reason}: split")
             return None

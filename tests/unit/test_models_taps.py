@@ -123,3 +123,15 @@ def test_spatial_mean_heads_pool_in_the_runtime_layout():
     run = lambda mdl: ort.InferenceSession(mdl.SerializeToString(),
                                            providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(run(pooled), run(head), atol=1e-5)
+
+
+def test_a_failing_order_check_falls_back_to_splitting(tiny_dir, monkeypatch):
+    m = Manifest.load(tiny_dir)
+    rt = StageRuntime(tiny_dir, m, 0, m.num_blocks, device="cpu")
+
+    def broken(*_args, **_kw):
+        raise OSError("no room for the profile")
+
+    monkeypatch.setattr(taps, "verify_order", broken)
+    assert rt.tapped((0,)) is None
+    assert any("could not be checked" in n for n in rt.tap_notes)

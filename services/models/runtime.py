@@ -61,6 +61,24 @@ def block_ranges(first: int, last: int, cut_after: set[int]) -> list[tuple[int, 
     return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
 
+def active_in_order(ramps, active) -> tuple[int, ...]:
+    """The ramps (specs) that ``active`` names, as indices in site order: the order their
+    exits are decided in, and the key of a tapped stage."""
+    want = set(active)
+    return tuple(r.index for r in sorted(ramps, key=lambda r: (r.after_block, r.index))
+                 if r.index in want)
+
+
+def ramps_after_blocks(ramps, active) -> dict[int, list[int]]:
+    """Block -> the active ramps sited after it, in site order: where a split stage cuts
+    (the first ramp's head rides in the range before the cut, the others run apart)."""
+    out: dict[int, list[int]] = {}
+    for r in sorted(ramps, key=lambda r: (r.after_block, r.index)):
+        if r.index in active:
+            out.setdefault(r.after_block, []).append(r.index)
+    return out
+
+
 def as_numpy(x: np.ndarray | ort.OrtValue) -> np.ndarray:
     """A stage output as numpy (``run_range`` keeps activations in ONNX Runtime)."""
     return x.numpy() if isinstance(x, ort.OrtValue) else x
@@ -300,23 +318,14 @@ class StageRuntime:
         except Exception:  # noqa: BLE001 - e.g. opset mismatch in a user's model: run apart
             return model
 
-    def active_here(self, active) -> tuple[int, ...]:
-        """The ramps of ``active`` sited in this stage, in site order."""
-        want = set(active)
-        return tuple(r.index for r in sorted(self.ramps, key=lambda r: (r.after_block, r.index))
-                     if r.index in want)
-
     def warm(self, active) -> None:
         """Build the sessions an exit config with ``active`` ramps needs before it is
         applied: the tapped stage, else the split ranges (each with its first ramp)."""
-        ramps = self.active_here(active)
-        if self.tapped(ramps) is not None:
+        if self.tapped(active_in_order(self.ramps, active)) is not None:
             return
-        ramp_after: dict[int, int] = {}
-        for r in ramps:
-            ramp_after.setdefault(self.manifest.ramp(r).after_block, r)
-        for a, b in block_ranges(self.first_block, self.last_block, set(ramp_after)):
-            self.merged(a, b, ramp_after.get(b - 1))
+        after = ramps_after_blocks(self.ramps, active)
+        for a, b in block_ranges(self.first_block, self.last_block, set(after)):
+            self.merged(a, b, after[b - 1][0] if b - 1 in after else None)
 
     def run_ramp(self, r: int, x: np.ndarray) -> np.ndarray:
         """Logits of ramp ``r`` on the output of its block."""

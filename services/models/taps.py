@@ -79,6 +79,7 @@ class handling:
 
 
 def tap_output(ramp: int) -> str:
+    """Name of a ramp's tap node and of its dummy output."""
     return f"ramp{ramp}/tap"
 
 
@@ -107,7 +108,7 @@ def tapped(stage: onnx.ModelProto, heads: Sequence[tuple[int, str, onnx.ModelPro
             head_nodes.append(n)
         g.initializer.extend(h.graph.initializer)
         taps.append(helper.make_node(TAP_OP, [logits], [tap_output(ramp)], domain=TAP_DOMAIN,
-                                     name=f"ramp{ramp}/tap", ramp=ramp))
+                                     name=tap_output(ramp), ramp=ramp))
     g.node.extend(head_nodes)
     g.node.extend(reversed(taps))   # the earliest ramp's tap is the last leaf: it runs first
     for ramp, _, _ in heads:
@@ -171,7 +172,7 @@ def verify_order(sess, feeds: dict[str, np.ndarray], ramps: Sequence[int],
                      key=lambda e: e["ts"])
     names = [e["name"][: -len("_kernel_time")] for e in kernels]
     for r in ramps:
-        tap = f"ramp{r}/tap"
+        tap = tap_output(r)  # the tap node is named after its output
         if tap not in names:
             return OrderCheck(False, f"the profile shows no run of {tap}")
         early = [n for n in names[: names.index(tap)] if n in later_nodes.get(r, set())]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from schemas.messages import ExitConfig
-from services.models.runtime import as_numpy, block_ranges
+from services.models.runtime import active_in_order, as_numpy, block_ranges, ramps_after_blocks
 from services.worker.exits import exits_at, ramp_outcome
 
 # on_early(ramp, sample_indices, labels, scores, logits) for samples that exit at ``ramp``
@@ -52,8 +52,7 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
                 idx = np.flatnonzero(mask)
                 on_early(ramp, idx, labels[idx], score[idx], logits[idx])
 
-    here = tuple(r.index for r in sorted(ramps, key=lambda r: (r.after_block, r.index))
-                 if r.index in config.active)
+    here = active_in_order(ramps, config.active)
     tapped = getattr(runtime, "tapped", None)  # a runtime without taps splits
     whole = tapped is not None and (first, last) == (runtime.first_block, runtime.last_block)
     sess = tapped(here) if here and whole else None
@@ -63,10 +62,7 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
         if ids[before:] != list(here):
             raise RuntimeError(f"taps of ramps {list(here)} reported {ids[before:]}")
     else:
-        ramp_after: dict[int, list[int]] = {}
-        for r in ramps:
-            if r.index in here:
-                ramp_after.setdefault(r.after_block, []).append(r.index)
+        ramp_after = ramps_after_blocks(ramps, here)
         for start, end in block_ranges(first, last, set(ramp_after)):
             at = ramp_after.get(end - 1, [])
             x, fused = runtime.run_range(start, end, x, model_inputs, at[0] if at else None)

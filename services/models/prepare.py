@@ -76,10 +76,11 @@ def _write(folder: Path, stem: str, data: bytes) -> tuple[str, str]:
 
 
 def _marginal_ms(with_it: Callable[[], object], without: Callable[[], object],
-                 max_runs: int = 401, min_runs: int = 41, budget_s: float = 0.5) -> float:
-    """Median extra time of ``with_it`` over ``without``, timed in alternation so machine
-    noise hits both alike; many pairs for cheap calls (a ramp head costs microseconds), at
-    least ``min_runs`` for slow ones; never below a microsecond."""
+                 max_runs: int = 401, min_runs: int = 41, budget_s: float = 1.0) -> float:
+    """Median extra time of ``with_it`` over ``without``, timed in alternating pairs so
+    machine noise hits both alike (which call goes first alternates too: the second of a
+    pair finds warmer caches); many pairs for cheap calls (a ramp head costs microseconds),
+    at least ``min_runs`` for slow ones; never below a microsecond."""
     for _ in range(3):
         with_it()
         without()
@@ -87,11 +88,14 @@ def _marginal_ms(with_it: Callable[[], object], without: Callable[[], object],
     start = time.perf_counter()
     while len(diffs) < max_runs and (len(diffs) < min_runs
                                      or time.perf_counter() - start < budget_s):
+        first, second = (with_it, without) if len(diffs) % 2 == 0 else (without, with_it)
         t = time.perf_counter()
-        with_it()
+        first()
         t1 = time.perf_counter()
-        without()
-        diffs.append((t1 - t) - (time.perf_counter() - t1))
+        second()
+        t2 = time.perf_counter()
+        extra = (t1 - t) - (t2 - t1)
+        diffs.append(extra if first is with_it else -extra)
     return round(max(statistics.median(diffs) * 1e3, 0.001), 4)
 
 
@@ -279,20 +283,20 @@ def _serving_costs(rt, ramps: list[RampSpec], n_blocks: int, one: dict[str, np.n
     where taps are unavailable, the split of the stage into two calls there plus the head;
     never below the head's own cost). Returns the unsplit range's latency."""
     from services.models.runtime import as_numpy
+    from services.models.taps import tap_plan
 
     def upto(end: int) -> object:
         return as_numpy(rt.run_range(0, end, one)[0])
-
-    def ignore(_ramp: int, _logits: np.ndarray) -> None:
-        pass
 
     range_ms = _median_ms(lambda: upto(n_blocks))
     for k, r in enumerate(ramps):
         i = r.after_block
         sess = rt.tapped((r.index,))
-        if sess is not None:
-            def tapped(sess=sess) -> object:
-                return as_numpy(rt.run_tapped(sess, one, one, ignore))
+        if sess is not None:  # nothing exits: the cost every sample pays
+            plan = tap_plan(((r.index, 0.0),), "max_softmax")
+
+            def tapped(sess=sess, plan=plan) -> object:
+                return as_numpy(rt.run_tapped(sess, one, one, plan, np.full(1, -1, np.int32))[0])
 
             serve = _marginal_ms(tapped, lambda: upto(n_blocks))
         elif i + 1 < n_blocks:

@@ -6,7 +6,6 @@ import itertools
 import os
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +116,7 @@ class StageRuntime:
         self._out_device = "cuda" if wanted[0] == CUDA else "cpu"
         self._merged: dict[tuple[int, int], ort.InferenceSession] = {}
         self._tapped: dict[tuple[int, ...], ort.InferenceSession | None] = {}
+        self._inputs: dict[ort.InferenceSession, list[str]] = {}
         self.use_taps = use_taps
         self.threads = threads
         self.tap_notes: list[str] = []  # why a set of ramps splits instead (for logs)
@@ -172,12 +172,40 @@ class StageRuntime:
         the stage's final output."""
         sess = self.merged(start, end, ramp) if (end - start > 1 or ramp is not None) \
             else self._blocks[start]
-        out = self._run_bound(sess, f"blocks {start}..{end - 1}", x, model_inputs)
+        out = self._run(sess, f"blocks {start}..{end - 1}", x, model_inputs,
+                        keep=end < self.last_block)
         if ramp is None:
             return out[0], None
         if len(out) == 1:  # the head could not be fused (see merged): run it on its own
             return out[0], self.run_ramp(ramp, as_numpy(out[0]))
-        return out[0], out[1].numpy()
+        return out[0], as_numpy(out[1])
+
+    def _run(self, sess: ort.InferenceSession, what: str, x, model_inputs, keep: bool) -> list:
+        """Run ``sess`` on activation ``x`` (or the model inputs, for block 0) and the model
+        inputs it reads. ``keep``: the first output feeds another range of this stage, so it
+        stays in the runtime's memory (an OrtValue, see ``run_range``); otherwise, on the
+        CPU, one plain call returns numpy outputs (an IOBinding costs about 0.1 ms more per
+        call on a 2-core machine)."""
+        act = x["x"] if isinstance(x, dict) and "x" in x else x
+        if keep or isinstance(act, ort.OrtValue) or self._out_device != "cpu":
+            return self._run_bound(sess, what, x, model_inputs)
+        if isinstance(x, dict):
+            model_inputs = x if model_inputs is None else model_inputs
+        feeds = {}
+        for name in self._input_names(sess):
+            if name in self._in_dtypes:
+                if model_inputs is None or name not in model_inputs:
+                    raise ValueError(f"{what} read model input {name!r}")
+                feeds[name] = self._model_input(name, model_inputs)
+            else:
+                feeds[name] = np.ascontiguousarray(act, dtype=np.float32)
+        return sess.run(None, feeds)
+
+    def _input_names(self, sess: ort.InferenceSession) -> list[str]:
+        names = self._inputs.get(sess)
+        if names is None:
+            names = self._inputs[sess] = [i.name for i in sess.get_inputs()]
+        return names
 
     def _run_bound(self, sess: ort.InferenceSession, what: str, x, model_inputs) -> list:
         """Run ``sess`` with its activation input bound from ``x`` (kept in the runtime's
@@ -220,24 +248,24 @@ class StageRuntime:
         return self._tapped[ramps]
 
     def preload_taps(self) -> None:
-        """Import the tap library now (seconds on a small machine), not when the first
-        config with active ramps arrives."""
+        """Build or load the ramp tap library now (a compile on a machine's first start),
+        not when the first config with active ramps arrives."""
         if self.use_taps and self._providers[0] == CPU:
-            from services.models import taps
+            from services.models import tap_library
 
-            taps.library_path()
+            tap_library.load()
 
     def _build_tapped(self, ramps: tuple[int, ...]) -> ort.InferenceSession | None:
         import onnx
 
-        from services.models import taps
+        from services.models import tap_library, taps
         from services.models.onnx_blocks import assemble
 
         if not self.use_taps or self._providers[0] != CPU:
             return None  # a GPU run would copy each ramp's logits out mid-graph: split there
-        lib = taps.library_path()
+        lib = tap_library.load()
         if lib is None:
-            self.tap_notes.append("onnxruntime-extensions is not installed: ramps split stages")
+            self.tap_notes.append(f"{tap_library.failure()}: ramps split stages")
             return None
         blocks = self.manifest.blocks[self.first_block:self.last_block]
         parts = [onnx.load(str(self.model_dir / b.file)) for b in blocks]
@@ -250,7 +278,7 @@ class StageRuntime:
             return None
 
         so = session_options(self.threads)
-        so.register_custom_ops_library(lib)
+        so.register_custom_ops_library(lib.path)
         names = [{n.name for n in p.graph.node} for p in parts]
         later = {}
         for r in ramps:  # nodes only after the site (free nodes repeat in every block)
@@ -281,14 +309,18 @@ class StageRuntime:
             out[i.name] = np.ones(shape, dtype=dtype)
         return out
 
-    def run_tapped(self, sess: ort.InferenceSession, x, model_inputs,
-                   on_logits: Callable[[int, np.ndarray], None]) -> ort.OrtValue:
-        """One call of a ``tapped`` session; ``on_logits(ramp, logits)`` runs inside it as
-        each ramp's head finishes (on this thread). Returns the stage's output."""
-        from services.models.taps import handling
+    def run_tapped(self, sess: ort.InferenceSession, x, model_inputs, plan, exit_at: np.ndarray,
+                   on_exit=None) -> tuple[np.ndarray | ort.OrtValue, list[np.ndarray]]:
+        """One call of a ``tapped`` session, its taps deciding exits by ``plan`` (a
+        ``taps.TapPlan``) on ``exit_at``; ``on_exit`` runs inside the call, on this thread,
+        for the rows that exit (``taps.run_with_taps``). Returns the stage's output and, per
+        tapped ramp in site order, the (label, score) of every row (float [batch, 2])."""
+        from services.models.taps import run_with_taps
 
-        with handling(on_logits):
-            return self._run_bound(sess, "the tapped stage", x, model_inputs)[0]
+        out, _ = run_with_taps(
+            lambda: self._run(sess, "the tapped stage", x, model_inputs, keep=False),
+            plan, exit_at, on_exit)
+        return out[0], [as_numpy(o) for o in out[1:]]
 
     def merged(self, start: int, end: int, ramp: int | None = None) -> ort.InferenceSession:
         """The session for blocks [start, end) (+ a fused ramp head), assembled from the

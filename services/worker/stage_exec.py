@@ -56,11 +56,17 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
     tapped = getattr(runtime, "tapped", None)  # a runtime without taps splits
     whole = tapped is not None and (first, last) == (runtime.first_block, runtime.last_block)
     sess = tapped(here) if here and whole else None
-    if sess is not None:  # one call; each ramp's logits arrive as its head finishes
-        before = len(ids)
-        x = runtime.run_tapped(sess, x, model_inputs, record)
-        if ids[before:] != list(here):
-            raise RuntimeError(f"taps of ramps {list(here)} reported {ids[before:]}")
+    if sess is not None:  # one call; each tap decides its exits as its head finishes
+        from services.models.taps import tap_plan
+
+        plan = tap_plan(tuple((r, config.thresholds.get(r, 0.0)) for r in here), config.score)
+        x, outcomes = runtime.run_tapped(sess, x, model_inputs, plan, exit_at, on_early)
+        if len(outcomes) != len(here):
+            raise RuntimeError(f"taps of ramps {list(here)} reported {len(outcomes)} outcomes")
+        for r, got in zip(here, outcomes):
+            ids.append(r)
+            preds.append(got[:, 0].astype(np.int32))
+            scores.append(np.ascontiguousarray(got[:, 1]))
     else:
         ramp_after = ramps_after_blocks(ramps, here)
         for start, end in block_ranges(first, last, set(ramp_after)):

@@ -1,16 +1,18 @@
-"""Tapped stages (services/models/taps.py): one runtime call, each ramp's logits from
-inside it, identical to the split stage; checked order; a clear fallback."""
+"""Tapped stages (services/models/taps.py, ramp_tap.c): one runtime call whose native taps
+decide exits inside it, identical to the split stage; checked order; clear fallbacks."""
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
-from services.models import taps
+from services.models import tap_library, taps
 from services.models.manifest import Manifest
 from services.models.onnx_blocks import assemble
 from services.models.prepare import prepare, sample_inputs
 from services.models.runtime import StageRuntime, as_numpy, session_options
+from services.models.scores import SCORE_KINDS, exit_score
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +33,71 @@ def _split(rt: StageRuntime, m: Manifest, ramps, x, model_inputs=None):
     return as_numpy(a), logits
 
 
+def _tap_only(tmp_path):
+    """A session that is one RampTap on its input logits (ramp 0)."""
+    g = helper.make_graph(
+        [helper.make_node(taps.TAP_OP, ["logits"], ["out"], domain=taps.TAP_DOMAIN,
+                          name=taps.tap_node(0), ramp=0)], "tap",
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, None])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                                helper.make_opsetid(taps.TAP_DOMAIN, 1)])
+    model.ir_version = 8
+    so = session_options(1)
+    so.register_custom_ops_library(tap_library.load().path)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("kind", SCORE_KINDS)
+def test_native_scores_match_the_numpy_definition(tmp_path, kind):
+    rng = np.random.default_rng(7)
+    logits = np.concatenate([rng.normal(0, 4, (50, 10)), np.zeros((1, 10)),      # a tie
+                             np.full((1, 10), 80.0), rng.normal(0, 30, (3, 10))]
+                            ).astype(np.float32)
+    sess = _tap_only(tmp_path)
+    (out,), _ = taps.run_with_taps(lambda: sess.run(None, {"logits": logits}),
+                                   taps.tap_plan((), kind), np.full(len(logits), -1, np.int32))
+    assert out[:, 0].astype(int).tolist() == logits.argmax(1).tolist()
+    np.testing.assert_allclose(out[:, 1], exit_score(logits, kind), atol=2e-6)
+    one = sess.run(None, {"logits": logits[:, :1]})[0]     # one class: fully confident
+    assert one[:, 1].tolist() == [0.0] * len(logits)
+
+
+def test_native_exits_skip_rows_already_out_and_report_their_rows(tmp_path):
+    logits = np.array([[9, 0, 0], [0, 9, 0], [0, 0, 0], [9, 0, 0]], np.float32)
+    sess = _tap_only(tmp_path)
+    exit_at = np.array([-1, -1, -1, 2], np.int32)          # row 3 exited at an earlier stage
+    seen = []
+    taps.run_with_taps(lambda: sess.run(None, {"logits": logits}),
+                       taps.tap_plan(((0, 0.1),), "max_softmax"), exit_at,
+                       lambda r, idx, lab, sc, lg: seen.append(
+                           (r, idx.tolist(), lab.tolist(), lg.tolist())))
+    assert exit_at.tolist() == [0, 0, -1, 2]
+    assert seen == [(0, [0, 1], [0, 1], logits[:2].tolist())]
+    for plan in (taps.tap_plan(((0, 0.0),), "max_softmax"),   # threshold 0: never exits
+                 taps.tap_plan(((5, 0.9),), "max_softmax")):  # other ramps' thresholds
+        fresh = np.full(4, -1, np.int32)
+        taps.run_with_taps(lambda: sess.run(None, {"logits": logits}), plan, fresh,
+                           lambda *a: pytest.fail("nothing may exit"))
+        assert fresh.tolist() == [-1] * 4
+
+
+def test_a_failing_exit_handler_fails_the_call_after_it(tmp_path):
+    sess = _tap_only(tmp_path)
+
+    def boom(*_a):
+        raise KeyError("handler bug")
+
+    with pytest.raises(KeyError, match="handler bug"):
+        taps.run_with_taps(lambda: sess.run(None, {"logits": np.eye(2, dtype=np.float32) * 9}),
+                           taps.tap_plan(((0, 0.5),), "max_softmax"), np.full(2, -1, np.int32),
+                           boom)
+    with pytest.raises(ValueError, match="int32"):
+        taps.run_with_taps(lambda: None, taps.tap_plan((), "max_softmax"), np.full(2, -1))
+    with pytest.raises(ValueError, match="unknown score kind"):
+        taps.tap_plan((), "vibes")
+
+
 @pytest.mark.parametrize("ramps", [(0,), (0, 2), (1, 2)])
 def test_tapped_stage_equals_the_split_stage(tiny_dir, ramps):
     m = Manifest.load(tiny_dir)
@@ -38,13 +105,21 @@ def test_tapped_stage_equals_the_split_stage(tiny_dir, ramps):
     sess = rt.tapped(ramps)
     assert sess is not None, rt.tap_notes
     x = sample_inputs("tiny", 16, seed=3)
-    seen: dict[int, np.ndarray] = {}
-    out = as_numpy(rt.run_tapped(sess, x, None, lambda r, lg: seen.__setitem__(r, lg.copy())))
     ref_out, ref_logits = _split(rt, m, ramps, x)
-    assert list(seen) == list(ramps)                   # reported in site order
-    np.testing.assert_allclose(out, ref_out, atol=1e-5)
-    for r in ramps:
-        np.testing.assert_allclose(seen[r], ref_logits[r], atol=1e-5)
+    plan = taps.tap_plan(tuple((r, 2.0) for r in ramps), "max_softmax")  # all exit at the first
+    exit_at, early = np.full(16, -1, np.int32), []
+    out, outcomes = rt.run_tapped(sess, x, None, plan, exit_at,
+                                  lambda r, idx, lab, sc, lg: early.append((r, idx, lab, lg)))
+    np.testing.assert_allclose(as_numpy(out), ref_out, atol=1e-5)
+    assert len(outcomes) == len(ramps)
+    for r, got in zip(ramps, outcomes):                    # every row's label and score
+        assert got[:, 0].astype(int).tolist() == ref_logits[r].argmax(1).tolist()
+        np.testing.assert_allclose(got[:, 1], exit_score(ref_logits[r]), atol=2e-6)
+    assert exit_at.tolist() == [ramps[0]] * 16
+    (r, idx, lab, lg), = early                             # one call, at the first ramp
+    assert r == ramps[0] and idx.tolist() == list(range(16))
+    assert lab.tolist() == ref_logits[r].argmax(1).tolist()
+    np.testing.assert_allclose(lg, ref_logits[r], atol=1e-5)
 
 
 def test_a_later_stage_taps_from_its_activation_input(tiny_dir):
@@ -55,21 +130,34 @@ def test_a_later_stage_taps_from_its_activation_input(tiny_dir):
     mid, _ = s0.run_range(0, 2, x)
     sess = s1.tapped((2,))
     assert sess is not None, s1.tap_notes
-    got = []
-    out = as_numpy(s1.run_tapped(sess, mid, None, lambda r, lg: got.append(r)))
-    ref, _ = _split(s1, m, (2,), as_numpy(mid))
-    assert got == [2]
-    np.testing.assert_allclose(out, ref, atol=1e-5)
+    out, outcomes = s1.run_tapped(sess, mid, None, taps.tap_plan(((2, 0.0),), "max_softmax"),
+                                  np.full(4, -1, np.int32))
+    ref, ref_logits = _split(s1, m, (2,), as_numpy(mid))
+    np.testing.assert_allclose(as_numpy(out), ref, atol=1e-5)
+    assert outcomes[0][:, 0].astype(int).tolist() == ref_logits[2].argmax(1).tolist()
 
 
-def test_without_the_extension_library_the_stage_splits_and_says_why(tiny_dir, monkeypatch):
+def test_without_the_tap_library_the_stage_splits_and_says_why(tiny_dir, monkeypatch):
     m = Manifest.load(tiny_dir)
-    monkeypatch.setattr(taps, "library_path", lambda: None)
+    monkeypatch.setattr(tap_library, "load", lambda folder=None: None)
+    monkeypatch.setattr(tap_library, "failure", lambda: "no C compiler found (tried cc)")
     rt = StageRuntime(tiny_dir, m, 0, m.num_blocks, device="cpu")
     assert rt.tapped((0,)) is None
-    assert any("onnxruntime-extensions" in n for n in rt.tap_notes)
+    assert any("no C compiler" in n for n in rt.tap_notes)
     rt.warm([0])                                       # builds the split ranges instead
     assert rt._merged
+
+
+def test_the_library_builds_once_per_source_and_fails_clearly(tmp_path, monkeypatch):
+    built = tap_library.build(tmp_path / "a")
+    assert built == tap_library.library_file(tmp_path / "a") and built.exists()
+    stamp = built.stat().st_mtime_ns
+    assert tap_library.build(tmp_path / "a").stat().st_mtime_ns == stamp   # cached
+    monkeypatch.setattr(tap_library, "COMPILERS", ("no-such-cc",))
+    monkeypatch.setattr(tap_library, "_loaded", None)
+    monkeypatch.setattr(tap_library, "_failure", None)
+    assert tap_library.load(tmp_path / "b") is None
+    assert "no C compiler" in tap_library.failure()
 
 
 def test_verify_order_rejects_taps_that_run_late(tiny_dir, tmp_path):
@@ -85,7 +173,7 @@ def test_verify_order_rejects_taps_that_run_late(tiny_dir, tmp_path):
     rest = [n for n in model.graph.node if n.op_type != taps.TAP_OP]
     del model.graph.node[:]
     model.graph.node.extend(tap_nodes + rest)
-    lib = taps.library_path()
+    lib = tap_library.load().path
 
     def check(model, tmp):
         so = session_options(1)

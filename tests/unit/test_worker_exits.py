@@ -81,8 +81,8 @@ def test_execute_skips_inactive_ramps():
 
 
 class FakeTappedRuntime(FakeRuntime):
-    """The same arithmetic as one tapped call: each ramp's logits reach the handler in site
-    order from inside ``run_tapped``; ``report`` lets a test break that contract."""
+    """The same arithmetic as one tapped call: each ramp's tap decides in site order from
+    inside ``run_tapped`` as ``ramp_tap.c`` does; ``report`` lets a test break that contract."""
 
     first_block, last_block = 0, 3
 
@@ -92,17 +92,25 @@ class FakeTappedRuntime(FakeRuntime):
     def tapped(self, ramps):
         return ("session", ramps)
 
-    def run_tapped(self, sess, x, model_inputs, on_logits):
+    def run_tapped(self, sess, x, model_inputs, plan, exit_at, on_exit=None):
         _, ramps = sess
         self.calls.append(ramps)
         site = {0: 0, 1: 1}
         x = x["x"] if isinstance(x, dict) else x
+        outcomes = []
         for b in range(self.first_block, self.last_block):
             x = x + 1.0
             for r in ramps if self.report is None else self.report:
                 if site[r] == b:
-                    on_logits(r, self.run_ramp(r, x))
-        return x
+                    logits = self.run_ramp(r, x)
+                    labels, score = ramp_outcome(logits, "max_softmax")
+                    th = plan.thresholds[r] if r < plan.thresholds.size else 0.0
+                    rows = np.flatnonzero((exit_at < 0) & (score < th)) if th > 0 else []
+                    exit_at[rows] = r
+                    if len(rows) and on_exit is not None:
+                        on_exit(r, rows, labels[rows], score[rows], logits[rows])
+                    outcomes.append(np.stack([labels, score], axis=1).astype(np.float32))
+        return x, outcomes
 
 
 def test_execute_tapped_makes_the_same_decisions_in_one_call():

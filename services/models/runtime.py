@@ -186,20 +186,29 @@ class StageRuntime:
         stays in the runtime's memory (an OrtValue, see ``run_range``); otherwise, on the
         CPU, one plain call returns numpy outputs (an IOBinding costs about 0.1 ms more per
         call on a 2-core machine)."""
-        act = x["x"] if isinstance(x, dict) and "x" in x else x
-        if keep or isinstance(act, ort.OrtValue) or self._out_device != "cpu":
-            return self._run_bound(sess, what, x, model_inputs)
+        feeds = self._feeds(sess, what, x, model_inputs)
+        if keep or self._out_device != "cpu" \
+                or any(isinstance(v, ort.OrtValue) for v in feeds.values()):
+            return self._run_bound(sess, feeds)
+        return sess.run(None, feeds)
+
+    def _feeds(self, sess: ort.InferenceSession, what: str, x, model_inputs
+               ) -> dict[str, np.ndarray | ort.OrtValue]:
+        """Each input of ``sess``: a model input from ``model_inputs`` (``x`` itself when it
+        is the inputs dict), else the activation ``x`` (an OrtValue stays one)."""
         if isinstance(x, dict):
             model_inputs = x if model_inputs is None else model_inputs
-        feeds = {}
+        feeds: dict[str, np.ndarray | ort.OrtValue] = {}
         for name in self._input_names(sess):
             if name in self._in_dtypes:
                 if model_inputs is None or name not in model_inputs:
                     raise ValueError(f"{what} read model input {name!r}")
                 feeds[name] = self._model_input(name, model_inputs)
             else:
-                feeds[name] = np.ascontiguousarray(act, dtype=np.float32)
-        return sess.run(None, feeds)
+                act = x["x"] if isinstance(x, dict) else x
+                feeds[name] = act if isinstance(act, ort.OrtValue) \
+                    else np.ascontiguousarray(act, dtype=np.float32)
+        return feeds
 
     def _input_names(self, sess: ort.InferenceSession) -> list[str]:
         names = self._inputs.get(sess)
@@ -207,24 +216,17 @@ class StageRuntime:
             names = self._inputs[sess] = [i.name for i in sess.get_inputs()]
         return names
 
-    def _run_bound(self, sess: ort.InferenceSession, what: str, x, model_inputs) -> list:
-        """Run ``sess`` with its activation input bound from ``x`` (kept in the runtime's
-        memory when it is an OrtValue) and model inputs from ``model_inputs``; the first
-        output stays on the device, the others (ramp logits, taps) come to the CPU."""
-        if isinstance(x, dict):
-            model_inputs = x if model_inputs is None else model_inputs
+    def _run_bound(self, sess: ort.InferenceSession,
+                   feeds: dict[str, np.ndarray | ort.OrtValue]) -> list:
+        """Run ``sess`` through an IOBinding (an OrtValue input stays in the runtime's
+        memory); the first output stays on the device, the others (ramp logits, tap
+        outcomes) come to the CPU."""
         io = sess.io_binding()
-        for i in sess.get_inputs():
-            if i.name in self._in_dtypes:
-                if model_inputs is None or i.name not in model_inputs:
-                    raise ValueError(f"{what} read model input {i.name!r}")
-                io.bind_cpu_input(i.name, self._model_input(i.name, model_inputs))
+        for name, value in feeds.items():
+            if isinstance(value, ort.OrtValue):
+                io.bind_ortvalue_input(name, value)
             else:
-                act = x["x"] if isinstance(x, dict) else x
-                if isinstance(act, ort.OrtValue):
-                    io.bind_ortvalue_input(i.name, act)
-                else:
-                    io.bind_cpu_input(i.name, np.ascontiguousarray(act, dtype=np.float32))
+                io.bind_cpu_input(name, value)
         outputs = sess.get_outputs()
         io.bind_output(outputs[0].name, self._out_device)
         for o in outputs[1:]:

@@ -7,10 +7,10 @@ converted out and back at the cut (about 3 % of EfficientNet-Lite0 per ramp on a
 machine, more than the 2 % ramp budget). A tapped stage instead fuses every active head
 into the stage graph and ends it in a ``RampTap`` (``ramp_tap.c``, a native custom op): it
 scores each row, marks the rows below the ramp's threshold as exited and hands only those
-to Python (``run_with_taps``' ``on_exit``), so their answers leave while the stage goes on. A ramp where
-nothing exits costs its head and a loop over its logits: no Python call at all (a Python
-custom op cost about 0.1 ms per ramp, 3 % of EfficientNet-Lite0 on a fast 2-core machine).
-Every row's top-1 and score come back as outputs of the call (telemetry).
+to Python (the ``on_exit`` of ``run_with_taps``), so their answers leave while the stage
+goes on. A ramp where nothing exits costs its head and a loop over its logits: no Python
+call inside the runtime (the Python custom op used before called Python at every ramp).
+Every row's top-1 and score come back as an output of the call (telemetry).
 
 When a tap runs is up to ONNX Runtime's node order. Its default order visits the graph's
 leaf nodes last-index-first and runs each one's missing ancestors before it, so the taps
@@ -126,8 +126,9 @@ def run_with_taps(call: Callable[[], T], plan: TapPlan, exit_at: np.ndarray,
     run = _Run(on_exit, exit_at)
     previous = getattr(_local, "run", None)
     _local.run = run
-    lib.offramp_tap_begin(plan.address, plan.thresholds.size, exit_at.__array_interface__["data"][0],
-                          exit_at.shape[0], plan.score_kind, int(report_all))
+    lib.offramp_tap_begin(plan.address, plan.thresholds.size,
+                          exit_at.__array_interface__["data"][0], exit_at.shape[0],
+                          plan.score_kind, int(report_all))
     try:
         result = call()
     finally:

@@ -245,6 +245,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.which == "overhead":
         from services.bench.overhead import run_overhead
+        args.requests = 300 if args.requests is None else args.requests
         return run_overhead(args)
     if args.which == "apparate":
         from services.bench.apparate import run
@@ -327,7 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", required=True, help="output file")
     bench.add_argument("--model", default="efficientnet-lite0")
     bench.add_argument("--trivial-model", default="tiny")
-    bench.add_argument("--requests", type=int, default=300)
+    bench.add_argument("--requests", type=int,
+                       help="overhead: requests per light-load run (default 300); apparate "
+                       "--live: samples of the stream per policy (default 2000)")
     bench.add_argument("--duration", type=float, default=8.0, help="seconds of sustained load")
     bench.add_argument("--concurrency", type=int, default=64,
                        help="requests in flight during the sustained phase")

@@ -48,7 +48,8 @@ def run_demo(args: argparse.Namespace) -> int:
         from services.worker.exits import initial_ramps
 
         set_exit_config(cfg, url, args.model, 0.0, [], "none", "demo: vanilla run (no ramps)")
-        vanilla = asyncio.run(_stream(cfg, url, args, inputs, arrival_s, "vanilla"))
+        vanilla, _ = asyncio.run(stream_live(cfg, url, args.model, inputs, arrival_s,
+                                             "vanilla", args.concurrency))
         # The adaptive run starts where a fresh deployment does: evenly spaced ramps within
         # the budget, thresholds 0; the tuner takes it from there on live feedback.
         from services.models.manifest import Manifest
@@ -63,15 +64,11 @@ def run_demo(args: argparse.Namespace) -> int:
                       "ramp_serving": manifest.meta.get("ramp_serving", "split")}
         set_exit_config(cfg, url, args.model, 0.0, [], ",".join(map(str, active)) or "none",
                         "demo: initial deployment for the adaptive run")
-        tuner = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "tuner"],
-                                 env={**sup.env}, stdout=subprocess.DEVNULL,
-                                 stderr=open(cfg.home / "logs" / "demo-tuner.log", "ab"))  # noqa: SIM115
-        time.sleep(2.0)  # connected and subscribed before the first frame
-        adaptive = asyncio.run(_stream(cfg, url, args, inputs, arrival_s, "offramp"))
+        tuner = start_tuner(sup, cfg, "demo-tuner.log")
+        adaptive, _ = asyncio.run(stream_live(cfg, url, args.model, inputs, arrival_s,
+                                              "offramp", args.concurrency))
     finally:
-        if tuner is not None:
-            tuner.terminate()
-            tuner.wait(timeout=15)
+        stop_tuner(tuner)
         sup.stop()
     summary = {"model": args.model, "requests": args.requests,
                "concurrency": args.concurrency, "arrivals": args.arrivals,
@@ -103,8 +100,27 @@ def demo_inputs(cfg, model: str, n: int, scenes: tuple[int, int] | None = None
     return [{k: v[i] for k, v in batch.items()} for i in range(n)]
 
 
-async def _stream(cfg, url: str, args: argparse.Namespace, inputs: list,
-                  arrival_s: np.ndarray | None, label: str) -> dict:
+def start_tuner(sup: Supervisor, cfg, log_name: str) -> subprocess.Popen:
+    """The tuner service beside a running stack (the adaptive loop), subscribed before
+    the caller's first request."""
+    tuner = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "tuner"],
+                             env={**sup.env}, stdout=subprocess.DEVNULL,
+                             stderr=open(cfg.home / "logs" / log_name, "ab"))  # noqa: SIM115
+    time.sleep(2.0)  # connected and subscribed before the first frame
+    return tuner
+
+
+def stop_tuner(tuner: subprocess.Popen | None) -> None:
+    if tuner is not None:
+        tuner.terminate()
+        tuner.wait(timeout=15)
+
+
+async def stream_live(cfg, url: str, model: str, inputs: list, arrival_s: np.ndarray | None,
+                      label: str, concurrency: int = 1) -> tuple[dict, list]:
+    """Send ``inputs`` through the running stack (open loop at ``arrival_s``, else
+    ``concurrency`` in flight) with a progress bar; the run's summary (agreement from the
+    monitor's exit profiles) and the client's outcomes."""
     from services.store.repository import Store
 
     nc = await bus.connect(url, "offramp-demo")
@@ -112,10 +128,10 @@ async def _stream(cfg, url: str, args: argparse.Namespace, inputs: list,
     since = datetime.now(UTC).replace(tzinfo=None)
     t0 = time.perf_counter()
     if arrival_s is None:
-        outcomes = await drive(nc, args.model, inputs, args.concurrency,
+        outcomes = await drive(nc, model, inputs, concurrency,
                                on_done=Progress(len(inputs), label))
     else:
-        outcomes = await drive_open(nc, args.model, inputs, arrival_s,
+        outcomes = await drive_open(nc, model, inputs, arrival_s,
                                     on_done=Progress(len(inputs), label))
     wall = time.perf_counter() - t0
     await nc.close()
@@ -124,7 +140,7 @@ async def _stream(cfg, url: str, args: argparse.Namespace, inputs: list,
     store = Store(cfg.database_url)
     agreement = None
     for _ in range(50):
-        rows = {r["ramp"]: r for r in store.exit_profile_summary(args.model, since)}
+        rows = {r["ramp"]: r for r in store.exit_profile_summary(model, since)}
         if -1 in rows and rows[-1]["samples"] >= len(ok):
             agreement = rows[-1]["agreement"]
             break
@@ -137,7 +153,7 @@ async def _stream(cfg, url: str, args: argparse.Namespace, inputs: list,
             "p95_ms": percentile(lat, 95),
             "early_share": sum(o.early for o in ok) / len(ok) if ok else None,
             "agreement": agreement, "throughput_rps": len(outcomes) / wall,
-            "config_versions": len(versions)}
+            "config_versions": len(versions)}, outcomes
 
 
 def _print_summary(s: dict) -> None:

@@ -1,4 +1,5 @@
-"""``offramp bench apparate``: the Apparate policies replayed on a recorded trace.
+"""``offramp bench apparate``: the Apparate policies replayed on a recorded trace (``--live``:
+run on the embedded stack instead, see ``services.bench.apparate_live``).
 
 A replay simulation (not a live run): the trace holds every candidate ramp's top-1 and
 score for each input of a stream (``offramp trace record``), and ``services.sim.replay``
@@ -45,6 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add(parser, "--slack-windows", type=int, help="apparate: clean windows per savings tune")
     _add(parser, "--grid-rounds", type=int, default=8,
          help="apparate: tune rounds compared with grid search (0: skip)")
+    _add(parser, "--live", action="store_true",
+         help="apparate: run the policies live on the embedded stack (with --model and "
+         "--workload) instead of replaying a trace")
+    _add(parser, "--workload", choices=["video", "text"],
+         help="apparate --live: the generated stream (video frames or drifting texts)")
+    _add(parser, "--scene-frames", metavar="MIN:MAX",
+         help="apparate --live, video: scene lengths in frames (default 16:120; a fixed "
+         "camera's run far longer, e.g. 600:1800)")
 
 
 def _machine() -> dict[str, Any]:
@@ -249,8 +258,19 @@ def run(args: argparse.Namespace) -> int:
     from services.sim.replay import arrivals_for, run_replay
     from services.sim.trace import Trace, TraceError
 
+    if getattr(args, "live", False):
+        from services.bench import apparate_live
+
+        if getattr(args, "trace", None):
+            print("error: bench apparate takes --trace FILE (replay) or --live (not both)",
+                  file=sys.stderr)
+            return 2
+        args.requests = 2000 if getattr(args, "requests", None) is None else args.requests
+        args.model = getattr(args, "model", None) or "efficientnet-lite0"
+        return apparate_live.run(args)
     if not getattr(args, "trace", None) or not getattr(args, "json", None):
-        print("error: bench apparate needs --trace FILE and --json OUT", file=sys.stderr)
+        print("error: bench apparate needs --trace FILE (replay) or --live --model M "
+              "--workload W, and --json OUT", file=sys.stderr)
         return 2
     try:
         trace = Trace.load(args.trace)

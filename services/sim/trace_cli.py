@@ -93,11 +93,26 @@ def _text_inputs(n: int, seed: int, input_names: list[str]) -> Iterator[dict[str
         yield mt.encode_texts([x.text for x in samples[s: s + CHUNK]])
 
 
+def workload_chunks(manifest, workload: str, n: int, seed: int, scene_frames: str | None
+                    ) -> tuple[Iterator[dict[str, np.ndarray]], dict[str, object]]:
+    """Chunks of ``n`` samples of a named workload for ``manifest``'s model (``video``:
+    frames with scene cuts every ``scene_frames`` MIN:MAX frames; ``text``: the drifting
+    topic stream) and what describes it in a trace's meta. Bad names raise ValueError."""
+    from services.models.workloads import parse_scene_frames
+
+    if workload == "video":
+        scenes = parse_scene_frames(scene_frames or "16:120")
+        return (_video_inputs(n, seed, manifest.inputs, scenes),
+                {"workload": workload, "scene_frames": list(scenes)})
+    if workload == "text":
+        return _text_inputs(n, seed, [t.name for t in manifest.inputs]), {"workload": workload}
+    raise ValueError(f"unknown workload {workload!r}; known: video, text")
+
+
 def run(args: argparse.Namespace) -> int:
     from services.common import config as config_mod
     from services.models.arrivals import make_arrivals
     from services.models.manifest import Manifest
-    from services.models.workloads import parse_scene_frames
     from services.sim.trace import record_trace
 
     models_dir = Path(args.models_dir) if args.models_dir else config_mod.load().models_dir
@@ -117,13 +132,9 @@ def run(args: argparse.Namespace) -> int:
             if args.n <= 0:
                 raise ValueError("--n must be positive")
             n = args.n
-            meta["workload"] = args.workload
-            if args.workload == "video":
-                scenes = parse_scene_frames(args.scene_frames)
-                meta["scene_frames"] = list(scenes)
-                chunks = _video_inputs(n, args.seed, manifest.inputs, scenes)
-            else:
-                chunks = _text_inputs(n, args.seed, names)
+            chunks, about = workload_chunks(manifest, args.workload, n, args.seed,
+                                            args.scene_frames)
+            meta.update(about)
         arrivals = None
         if args.arrivals:
             arrivals = make_arrivals(args.arrivals, n=n, seed=(args.seed, 0xA7))

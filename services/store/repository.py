@@ -195,6 +195,16 @@ class Store:
             ).one_or_none()
         return None if row is None else exit_config_row(row)
 
+    def exit_configs(self, model: str, since_version: int = 0) -> list[ExitConfigRow]:
+        """``model``'s exit configs with a version above ``since_version``, oldest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(ExitConfig)
+                .where(ExitConfig.model == model, ExitConfig.version > since_version)
+                .order_by(ExitConfig.version)
+            ).all()
+        return [exit_config_row(r) for r in rows]
+
     def save_exit_config(
         self, model: str, thresholds: dict[int, float], active: list[int], mode: str, reason: str
     ) -> ExitConfigRow:

@@ -1,0 +1,227 @@
+"""``offramp bench apparate --live --model M --workload W``: the Apparate policies live.
+
+The embedded stack (router, worker, monitor; NATS; the store) serves the same stream at the
+same arrival times three times: vanilla (no ramps), static early exits (every ramp active,
+one threshold tuned once on the first 10 % of the stream, BranchyNet/DeeBERT style) and
+offramp (the initial deployment within the ramp budget, the tuner adapting it live). Every
+latency is the client's, end to end. Agreement compares each answer with the label the
+vanilla run gave the same input (the final model as served).
+
+Two columns are not live runs, and the output says so: the oracle (each input answers at
+its earliest correct ramp, ramps free) is the vanilla run's latency minus the model time it
+skips, which in latency mode is exact up to noise, since every input still runs to the end
+and the queue is the vanilla run's; and the tuner's per-round wall times and grid gap come
+from replaying the same stream (``offramp trace record`` of these inputs, run in process
+first: it also gives the static threshold and the oracle's exits) through the same
+controller code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.bench.apparate import _machine, light_load
+    from services.common import config as config_mod
+    from services.common.supervisor import Deployment, Supervisor, prepare_state
+    from services.models.arrivals import make_arrivals
+    from services.models.manifest import Manifest
+    from services.sim.trace import TraceError, record_trace
+    from services.sim.trace_cli import workload_chunks
+
+    say = lambda m: print(m, file=sys.stderr, flush=True)
+    if not args.workload:
+        print("error: bench apparate --live needs --workload video|text (and --model M)",
+              file=sys.stderr)
+        return 2
+    if args.requests <= 0:
+        print("error: --requests must be positive", file=sys.stderr)
+        return 2
+    os.environ["OFFRAMP_MODELS"] = args.model
+    os.environ["OFFRAMP_RAMP_BUDGET"] = str(args.budget)  # the tuner and initial deployment
+    cfg = config_mod.load()
+    n = args.requests
+    try:
+        prepare_state(cfg, say=say)
+        manifest = Manifest.load(cfg.models_dir / args.model)
+        chunks, about = workload_chunks(manifest, args.workload, n, args.seed, args.scene_frames)
+        blocks = list(chunks)
+        spec = args.arrivals or light_load(_full_ms(manifest))
+        arrival_s = make_arrivals(spec, n=n, seed=(args.seed, 0xA7))
+        say(f"recording the stream's trace in process ({n} samples, every ramp active) ...")
+        trace = record_trace(cfg.models_dir / args.model, iter(blocks), arrivals=arrival_s,
+                             total=n, meta={**about, "seed": args.seed, "arrivals": spec},
+                             progress=say)
+    except (ValueError, TraceError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    inputs = [{k: v[i] for k, v in b.items()}
+              for b in blocks for i in range(len(next(iter(b.values()))))]
+    replay = _replay(trace, arrival_s, args)
+    static_t = replay["static"].extra["threshold"]
+    ids = [int(i) for i in trace.meta["ramp_ids"]]
+
+    sup = Supervisor(cfg, Deployment((args.model,)), log_dir=cfg.home / "logs")
+    try:
+        url = sup.start()
+        say(f"bench: NATS at {url}; service logs in {cfg.home / 'logs'}")
+        sup.wait_ready()
+        outcomes, deployed = _live_runs(cfg, sup, url, args.model, manifest, inputs,
+                                        arrival_s, static_t, ids, say)
+    finally:
+        sup.stop()
+    doc = report(outcomes, deployed, trace, replay, args, spec, static_t)
+    doc["machine"] = _machine()
+    print(table(doc))
+    Path(args.json).write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    return 0 if all(doc[k]["errors"] == 0 for k in ("vanilla", "static", "offramp")) else 1
+
+
+def _full_ms(manifest) -> float:
+    from services.tuner.window import LatencyProfile
+
+    return LatencyProfile.from_manifest(manifest).full_ms
+
+
+def _replay(trace, arrival_s: np.ndarray, args: argparse.Namespace) -> dict:
+    from services.sim.replay import run_replay
+
+    ctl = {k: v for k, v in (("tune_window", args.tune_window),
+                             ("slack_windows", args.slack_windows)) if v is not None}
+    return run_replay(trace, arrival_s, constraint=args.constraint, budget=args.budget,
+                      grid_rounds=args.grid_rounds, controller=ctl,
+                      policies=("static", "offramp"))
+
+
+def _live_runs(cfg, sup, url: str, model: str, manifest, inputs: list, arrival_s: np.ndarray,
+               static_t: float, ids: list[int], say) -> tuple[dict[str, list], dict[str, Any]]:
+    """vanilla, static and offramp, one after the other on the running stack."""
+    from services.demo import start_tuner, stop_tuner, stream_live
+    from services.exit_config_cli import set_exit_config
+    from services.store.repository import Store
+    from services.worker.exits import initial_ramps
+
+    def run(label: str) -> list:
+        return asyncio.run(stream_live(cfg, url, model, inputs, arrival_s, label))[1]
+
+    out: dict[str, list] = {}
+    set_exit_config(cfg, url, model, 0.0, [], "none", "bench apparate --live: vanilla")
+    out["vanilla"] = run("vanilla")
+    set_exit_config(cfg, url, model, static_t, [], ",".join(map(str, ids)),
+                    f"bench apparate --live: static, every ramp at {static_t:.4g} "
+                    "(tuned once on the first 10 % of the stream)")
+    out["static"] = run("static")
+    active = initial_ramps(manifest, cfg.ramp_budget)
+    with Store(cfg.database_url) as store:
+        before = store.latest_exit_config(model)
+    set_exit_config(cfg, url, model, 0.0, [], ",".join(map(str, active)) or "none",
+                    "bench apparate --live: offramp's initial deployment")
+    tuner = start_tuner(sup, cfg, "bench-tuner.log")
+    try:
+        out["offramp"] = run("offramp")
+    finally:
+        stop_tuner(tuner)
+    with Store(cfg.database_url) as store:
+        row = store.exit_configs(model, before.version if before else 0)
+    say(f"offramp: initial deployment {active or 'none'}; {len(row)} configs")
+    return out, {"initial_active": active,
+                 "active_by_version": {r.version: list(r.active) for r in row},
+                 "configs": [{"version": r.version, "active": list(r.active),
+                              "thresholds": {str(k): v for k, v in r.thresholds.items()
+                                             if k in r.active},
+                              "reason": r.reason} for r in row]}
+
+
+def report(outcomes: dict[str, list], deployed: dict[str, Any], trace, replay: dict,
+           args: argparse.Namespace, arrivals: str, static_t: float) -> dict[str, Any]:
+    """The JSON document (see the module docstring for what is live and what is not)."""
+    from services.bench.apparate import _pct
+    from services.bench.live_metrics import (
+        active_over_time,
+        labels_by_index,
+        oracle_latency,
+        run_summary,
+    )
+
+    n = trace.n_samples
+    ref = labels_by_index(outcomes["vanilla"], n)
+    doc: dict[str, Any] = {
+        "mode": "live", "model": args.model, "workload": trace.meta.get("workload"),
+        "scene_frames": trace.meta.get("scene_frames"), "requests": n, "arrivals": arrivals,
+        "constraint": args.constraint, "budget": args.budget,
+        "agreement_reference": "the vanilla run's label for the same input",
+    }
+    for name in ("vanilla", "static", "offramp"):
+        doc[name] = run_summary(outcomes[name], ref)
+    doc["static"]["threshold"] = static_t
+    doc["vanilla"]["agreement_with_in_process_model"] = float(
+        np.mean(ref[ref >= 0] == trace.final_pred[ref >= 0])) if (ref >= 0).any() else None
+    by_version = deployed["active_by_version"]
+    doc["offramp"].update(initial_active=deployed["initial_active"],
+                          configs=len(deployed["configs"]),
+                          active_ramps_over_time=active_over_time(outcomes["offramp"], by_version),
+                          timeline=deployed["configs"])
+    lat = oracle_latency(outcomes["vanilla"], trace.ramp_pred, trace.final_pred, trace.prefix_ms)
+    right = trace.ramp_pred == trace.final_pred
+    doc["oracle"] = {"p25_ms": _pct(lat, 25), "p50_ms": _pct(lat, 50), "p95_ms": _pct(lat, 95),
+                     "mean_ms": float(lat.mean()) if lat.size else None, "agreement": 1.0,
+                     "exit_rate": float(right.any(axis=0).mean()),
+                     "source": "estimated: the vanilla run's latency minus the model time "
+                               "skipped by exiting at the earliest correct ramp (ramps free)"}
+    off = replay["offramp"]
+    wall = off.extra["wall_ms"]
+    doc.update({
+        "tuning_ms_p50": _pct(wall["tune"], 50), "adjust_ms_p50": _pct(wall["adjust"], 50),
+        "grid_gap": off.extra.get("grid", {}).get("grid_gap"),
+        "tuning_source": "replay of the same stream through the same controller code "
+                         "(wall time per call on this machine)",
+        "replay": {k: v.summary() for k, v in replay.items() if hasattr(v, "summary")},
+        "trace_meta": {k: v for k, v in trace.meta.items() if k != "ramp_ids"},
+    })
+    return doc
+
+
+def _change(v: float | None, base: float | None) -> str:
+    return f"{100 * (v - base) / base:+.1f}%" if v is not None and base else ""
+
+
+def table(doc: dict[str, Any]) -> str:
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.2f}%"
+
+    scenes = f", scenes {doc['scene_frames']}" if doc.get("scene_frames") else ""
+    head = (f"offramp bench apparate --live: {doc['model']}, {doc['requests']} "
+            f"{doc['workload']} samples{scenes}, arrivals {doc['arrivals']} (live, open loop; "
+            f"budget {doc['budget']:.0%}, constraint {doc['constraint']:.0%})")
+    cols = (f"  {'policy':<9} {'p25 ms':>8} {'p50 ms':>8} {'p95 ms':>8} {'p50 vs van':>10} "
+            f"{'p95 vs van':>10} {'agreement':>9} {'worst 16':>9} {'exits':>7}")
+    lines = [head, cols]
+    base = doc["vanilla"]
+    for name in ("vanilla", "static", "offramp", "oracle"):
+        r = doc[name]
+        lines.append(f"  {name:<9} {ms(r['p25_ms']):>8} {ms(r['p50_ms']):>8} {ms(r['p95_ms']):>8} "
+                     f"{_change(r['p50_ms'], base['p50_ms']):>10} "
+                     f"{_change(r['p95_ms'], base['p95_ms']):>10} {pct(r['agreement']):>9} "
+                     f"{pct(r.get('worst_window_agreement')):>9} {pct(r.get('exit_rate')):>7}")
+    o = doc["offramp"]
+    lines.append(f"  static: every ramp at threshold {doc['static']['threshold']:.4g}; offramp: "
+                 f"initial ramps {o['initial_active'] or 'none'}, {o['configs']} configs, "
+                 f"active ramps over time {o['active_ramps_over_time']}")
+    lines.append(f"  oracle: {doc['oracle']['source']}")
+    lines.append(f"  tuning p50 {ms(doc['tuning_ms_p50'])} ms, ramp adjustment p50 "
+                 f"{ms(doc['adjust_ms_p50'])} ms, grid gap "
+                 + ("-" if doc["grid_gap"] is None else f"{100 * doc['grid_gap']:+.1f}%")
+                 + f" ({doc['tuning_source']})")
+    return "\n".join(lines)

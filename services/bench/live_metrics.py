@@ -1,0 +1,78 @@
+"""What a live run of ``offramp bench apparate --live`` measured, from the client's
+outcomes (no I/O): latency percentiles, agreement with the final model's answers, the
+worst window, early exits, and the oracle's latency in latency mode."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from services.common.load import Outcome
+from services.sim.replay import window_agreements
+
+
+def run_summary(outcomes: Sequence[Outcome], reference: np.ndarray, window: int = 16
+                ) -> dict[str, Any]:
+    """p25/p50/p95 latency of the answered requests; agreement of their labels with
+    ``reference`` (the final model's label per stream index, -1 where unknown: those
+    requests are not counted), overall and over the worst ``window`` consecutive counted
+    requests in stream order; the early-exit share and the exit configs seen."""
+    ok = sorted((o for o in outcomes if o.ok), key=lambda o: o.index)
+    lat = np.array([o.latency_ms for o in ok], np.float64)
+    known = [o for o in ok if 0 <= o.index < reference.size and reference[o.index] >= 0]
+    agree = np.array([o.label == reference[o.index] for o in known], np.float64)
+    out: dict[str, Any] = {"requests": len(outcomes), "ok": len(ok),
+                           "errors": len(outcomes) - len(ok)}
+    if lat.size:
+        p25, p50, p95 = np.percentile(lat, [25, 50, 95])
+        out.update(p25_ms=float(p25), p50_ms=float(p50), p95_ms=float(p95),
+                   mean_ms=float(lat.mean()))
+    else:
+        out.update(p25_ms=None, p50_ms=None, p95_ms=None, mean_ms=None)
+    out["agreement"] = float(agree.mean()) if agree.size else None
+    out["worst_window_agreement"] = (float(window_agreements(agree, window).min())
+                                     if agree.size else None)
+    out["compared"] = int(agree.size)
+    out["exit_rate"] = float(np.mean([o.early for o in ok])) if ok else None
+    out["config_versions"] = sorted({o.config_version for o in ok})
+    return out
+
+
+def labels_by_index(outcomes: Sequence[Outcome], n: int) -> np.ndarray:
+    """The label each stream index got (-1: no answer)."""
+    out = np.full(n, -1, np.int64)
+    for o in outcomes:
+        if o.ok and 0 <= o.index < n:
+            out[o.index] = o.label
+    return out
+
+
+def oracle_latency(vanilla: Sequence[Outcome], ramp_pred: np.ndarray, final_pred: np.ndarray,
+                   prefix_ms: np.ndarray) -> np.ndarray:
+    """Per answered vanilla request, in stream order: its live latency minus the model time
+    the oracle skips (each input answers at its earliest correct ramp, ramps free). In
+    latency mode every input still runs to the end, so the worker's queue, and with it
+    everything else in the request's latency, is the vanilla run's."""
+    right = ramp_pred == final_pred
+    first = np.where(right.any(axis=0), right.argmax(axis=0), -1)
+    full = float(prefix_ms[-1])
+    ok = sorted((o for o in vanilla if o.ok and 0 <= o.index < first.size), key=lambda o: o.index)
+    saved = np.array([full - float(prefix_ms[first[o.index]]) if first[o.index] >= 0 else 0.0
+                      for o in ok], np.float64)
+    lat = np.array([o.latency_ms for o in ok], np.float64)
+    return np.maximum(lat - saved, 0.0)
+
+
+def active_over_time(outcomes: Sequence[Outcome], active_by_version: dict[int, list[int]]
+                     ) -> list[list[int]]:
+    """[stream index, active ramps] at every change of the config the answers carried."""
+    out: list[list[int]] = []
+    last = None
+    for o in sorted((o for o in outcomes if o.ok), key=lambda o: o.index):
+        n = len(active_by_version.get(o.config_version, []))
+        if n != last:
+            out.append([o.index, n])
+            last = n
+    return out

@@ -1,0 +1,79 @@
+"""The live Apparate bench's measurements from client outcomes (services/bench/live_metrics)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from services.bench.live_metrics import (
+    active_over_time,
+    labels_by_index,
+    oracle_latency,
+    run_summary,
+)
+from services.common.load import Outcome
+
+
+def _out(i: int, label: int, ms: float = 10.0, ok: bool = True, early: bool = False,
+         version: int = 1) -> Outcome:
+    return Outcome(i, ok, ms, "ok" if ok else "timeout", early, -1, label if ok else -1, version)
+
+
+def test_agreement_compares_each_answer_with_the_reference_for_the_same_index():
+    ref = np.array([3, 3, 5, 5])
+    outs = [_out(2, 5), _out(0, 3), _out(1, 4), _out(3, 5)]  # answers arrive out of order
+    s = run_summary(outs, ref, window=2)
+    assert s["agreement"] == pytest.approx(0.75)
+    # in stream order the windows are [3, 4] vs [3, 3] -> 0.5 and [5, 5] -> 1.0
+    assert s["worst_window_agreement"] == pytest.approx(0.5)
+    assert s["compared"] == 4 and s["errors"] == 0
+
+
+def test_failed_requests_and_unknown_references_are_not_counted_but_reported():
+    ref = np.array([1, -1, 2])
+    outs = [_out(0, 1), _out(1, 9), _out(2, 0, ok=False)]
+    s = run_summary(outs, ref)
+    assert s["compared"] == 1 and s["agreement"] == 1.0
+    assert (s["requests"], s["ok"], s["errors"]) == (3, 2, 1)
+
+
+def test_latency_percentiles_exit_share_and_versions():
+    outs = [_out(i, 0, ms=float(i + 1), early=i % 2 == 0, version=1 + (i >= 2)) for i in range(4)]
+    s = run_summary(outs, np.zeros(4, np.int64))
+    assert s["p50_ms"] == pytest.approx(2.5)
+    assert s["exit_rate"] == pytest.approx(0.5)
+    assert s["config_versions"] == [1, 2]
+
+
+def test_no_answers_give_none_not_a_crash():
+    s = run_summary([_out(0, 1, ok=False)], np.array([1]))
+    assert s["p50_ms"] is None and s["agreement"] is None and s["exit_rate"] is None
+
+
+def test_labels_by_index_marks_missing_answers():
+    got = labels_by_index([_out(1, 7), _out(0, 2, ok=False)], 3)
+    assert got.tolist() == [-1, 7, -1]
+
+
+def test_oracle_subtracts_the_model_time_skipped_at_the_earliest_correct_ramp():
+    # two ramps at 1 ms and 4 ms of a 10 ms model
+    prefix = np.array([1.0, 4.0, 10.0])
+    ramp_pred = np.array([[0, 9, 9],    # ramp 0 right for sample 0 only
+                          [0, 1, 9]])   # ramp 1 right for samples 0 and 1
+    final = np.array([0, 1, 2])
+    vanilla = [_out(0, 0, ms=20.0), _out(1, 1, ms=20.0), _out(2, 2, ms=20.0)]
+    lat = oracle_latency(vanilla, ramp_pred, final, prefix)
+    assert lat.tolist() == [11.0, 14.0, 20.0]  # saved 9, 6 and nothing
+
+
+def test_oracle_latency_never_goes_below_zero():
+    lat = oracle_latency([_out(0, 0, ms=2.0)], np.array([[0]]), np.array([0]),
+                         np.array([0.5, 10.0]))
+    assert lat.tolist() == [0.0]
+
+
+def test_active_ramps_over_time_lists_changes_in_stream_order():
+    outs = [_out(0, 0, version=3), _out(1, 0, version=3), _out(2, 0, version=4),
+            _out(3, 0, version=5)]
+    by_version = {3: [1, 4], 4: [1, 4], 5: [4]}
+    assert active_over_time(outs, by_version) == [[0, 2], [3, 1]]

@@ -294,9 +294,10 @@ def _serving_costs(rt, ramps: list[RampSpec], n_blocks: int, one: dict[str, np.n
         sess = rt.tapped((r.index,))
         if sess is not None:  # nothing exits: the cost every sample pays
             plan = tap_plan(((r.index, 0.0),), "max_softmax")
+            running = np.full(1, -1, np.int32)  # a worker makes it with or without ramps
 
-            def tapped(sess=sess, plan=plan) -> object:
-                return as_numpy(rt.run_tapped(sess, one, one, plan, np.full(1, -1, np.int32))[0])
+            def tapped(sess=sess, plan=plan, running=running) -> object:
+                return as_numpy(rt.run_tapped(sess, one, one, plan, running)[0])
 
             serve = _marginal_ms(tapped, lambda: upto(n_blocks))
         elif i + 1 < n_blocks:

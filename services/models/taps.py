@@ -120,12 +120,10 @@ def run_with_taps(call: Callable[[], T], plan: TapPlan, exit_at: np.ndarray,
     ``report_all``: every tap calls back and nothing exits (the order check). Returns the
     call's result and the ramps that called back, in order; a handler's exception is raised
     when the call is over."""
-    lib = _library()
-    if exit_at.dtype != np.int32 or not exit_at.flags.c_contiguous:
+    lib = _lib or _library()  # every step here is paid per batch, on caches the model run
+    if exit_at.dtype != np.int32 or not exit_at.flags.c_contiguous:  # just evicted: few steps
         raise ValueError("exit_at must be a contiguous int32 array")
-    run = _Run(on_exit, exit_at)
-    previous = getattr(_local, "run", None)
-    _local.run = run
+    run = _local.run = _Run(on_exit, exit_at)  # runs do not nest (one state per thread in C)
     lib.offramp_tap_begin(plan.address, plan.thresholds.size,
                           exit_at.__array_interface__["data"][0], exit_at.shape[0],
                           plan.score_kind, int(report_all))
@@ -133,7 +131,7 @@ def run_with_taps(call: Callable[[], T], plan: TapPlan, exit_at: np.ndarray,
         result = call()
     finally:
         lib.offramp_tap_end()
-        _local.run = previous
+        _local.run = None
     if run.errors:
         raise run.errors[0]
     return result, run.reported

@@ -17,7 +17,7 @@ import numpy as np
 
 from services.common import bus
 from services.common import config as config_mod
-from services.common.load import Progress, drive, drive_open, percentile
+from services.common.load import Progress, await_config, drive, drive_open, percentile
 from services.common.supervisor import Deployment, Supervisor, prepare_state
 from services.models.arrivals import make_arrivals
 from services.models.workloads import parse_scene_frames
@@ -124,7 +124,10 @@ async def stream_live(cfg, url: str, model: str, inputs: list, arrival_s: np.nda
     from services.store.repository import Store
 
     nc = await bus.connect(url, "offramp-demo")
-    await asyncio.sleep(0.5)  # let workers swap in the new exit config
+    with Store(cfg.database_url) as store:
+        latest = store.latest_exit_config(model)
+    if latest is not None and inputs:  # the run starts on the config just set
+        await await_config(nc, model, latest.version, inputs[0])
     since = datetime.now(UTC).replace(tzinfo=None)
     t0 = time.perf_counter()
     if arrival_s is None:

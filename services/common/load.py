@@ -39,6 +39,27 @@ async def _request(nc: Client, model: str, i: int, inputs: dict[str, np.ndarray]
         return Outcome(i, False, (clock() - start) * 1e3, exc.code)
 
 
+async def await_config(nc: Client, model: str, version: int, probe: dict[str, np.ndarray],
+                       timeout_s: float = 30.0) -> int:
+    """Send ``probe`` until an answer carries exit config ``version`` or later (workers swap
+    a new config in between batches, after building what it needs), so a measured run
+    starts on the config it is meant to measure. Returns the probes sent."""
+    deadline = time.monotonic() + timeout_s
+    sent = 0
+    while True:
+        sent += 1
+        try:
+            r = await infer(nc, model, probe, None, timeout=min(5.0, timeout_s))
+            if int(r["config_version"]) >= version:
+                return sent
+        except InferError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{model}: no answer carried exit config v{version} within "
+                               f"{timeout_s:.0f} s")
+        await asyncio.sleep(0.1)
+
+
 async def drive(nc: Client, model: str, inputs: list[dict[str, np.ndarray]], concurrency: int,
                 slo_ms: float | None = None, timeout: float = 10.0,
                 on_done: Callable[[Outcome], None] | None = None,

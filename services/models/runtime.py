@@ -6,6 +6,7 @@ import itertools
 import os
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,13 @@ def as_numpy(x: np.ndarray | ort.OrtValue) -> np.ndarray:
     return x.numpy() if isinstance(x, ort.OrtValue) else x
 
 
+@dataclass(frozen=True)
+class _TapStage:
+    data: bytes                   # the assembled stage, serialized
+    facts: object                 # taps.StageFacts
+    names: list[frozenset[str]]   # node names per block
+
+
 class StageRuntime:
     """Blocks [first_block, last_block) and the ramps after them, one session each."""
 
@@ -116,6 +124,7 @@ class StageRuntime:
         self._out_device = "cuda" if wanted[0] == CUDA else "cpu"
         self._merged: dict[tuple[int, int], ort.InferenceSession] = {}
         self._tapped: dict[tuple[int, ...], ort.InferenceSession | None] = {}
+        self._tap_base: _TapStage | None = None
         self._inputs: dict[ort.InferenceSession, list[str]] = {}
         self.use_taps = use_taps
         self.threads = threads
@@ -255,13 +264,14 @@ class StageRuntime:
         if self.use_taps and self._providers[0] == CPU:
             from services.models import tap_library
 
-            tap_library.load()
+            if tap_library.load() is not None:
+                with self._merge_lock:
+                    self._tap_stage()
 
     def _build_tapped(self, ramps: tuple[int, ...]) -> ort.InferenceSession | None:
         import onnx
 
         from services.models import tap_library, taps
-        from services.models.onnx_blocks import assemble
 
         if not self.use_taps or self._providers[0] != CPU:
             return None  # a GPU run would copy each ramp's logits out mid-graph: split there
@@ -269,23 +279,21 @@ class StageRuntime:
         if lib is None:
             self.tap_notes.append(f"{tap_library.failure()}: ramps split stages")
             return None
-        blocks = self.manifest.blocks[self.first_block:self.last_block]
-        parts = [onnx.load(str(self.model_dir / b.file)) for b in blocks]
+        stage = self._tap_stage()
         heads = [(r, self.manifest.blocks[self.manifest.ramp(r).after_block].output_name,
                   onnx.load(str(self.model_dir / self.manifest.ramp(r).file))) for r in ramps]
-        try:
-            data = taps.tapped(assemble(parts, 0, len(parts)), heads).SerializeToString()
+        try:  # the cached stage's bytes + the heads' and taps' (see taps.tap_extension)
+            data = stage.data + taps.tap_extension(stage.facts, heads).SerializeToString()
         except Exception as exc:  # noqa: BLE001 - e.g. an opset mismatch in a user's model
             self.tap_notes.append(f"ramps {list(ramps)} cannot be tapped ({exc}): split")
             return None
 
         so = session_options(self.threads)
         so.register_custom_ops_library(lib.path)
-        names = [{n.name for n in p.graph.node} for p in parts]
         later = {}
         for r in ramps:  # nodes only after the site (free nodes repeat in every block)
             cut = self.manifest.ramp(r).after_block + 1 - self.first_block
-            later[r] = set().union(*names[cut:]) - set().union(*names[:cut])
+            later[r] = set().union(*stage.names[cut:]) - set().union(*stage.names[:cut])
         try:
             with tempfile.TemporaryDirectory(prefix="offramp-taps-") as tmp:
                 taps.profile_into(so, tmp)  # the first run only: verify_order ends it
@@ -298,6 +306,23 @@ class StageRuntime:
             self.tap_notes.append(f"ramps {list(ramps)}: {check.reason}: split")
             return None
         return sess
+
+    def _tap_stage(self) -> _TapStage:
+        """The whole stage, assembled and serialized once (every tapped session of this
+        stage starts from these bytes; building them holds the GIL for a while on large
+        models, so ``preload_taps`` does it before serving)."""
+        if self._tap_base is None:
+            import onnx
+
+            from services.models import taps
+            from services.models.onnx_blocks import assemble
+
+            blocks = self.manifest.blocks[self.first_block:self.last_block]
+            parts = [onnx.load(str(self.model_dir / b.file)) for b in blocks]
+            stage = assemble(parts, 0, len(parts))
+            self._tap_base = _TapStage(stage.SerializeToString(), taps.StageFacts.of(stage),
+                                       [frozenset(n.name for n in p.graph.node) for p in parts])
+        return self._tap_base
 
     def dummy_feeds(self, sess: ort.InferenceSession) -> dict[str, np.ndarray]:
         """Inputs of the right types and ranks for a trial run (batch 1, other free

@@ -36,3 +36,28 @@ def test_sends_on_schedule_without_waiting_for_answers(monkeypatch):
 def test_needs_one_arrival_per_input():
     with pytest.raises(ValueError, match="arrival times"):
         asyncio.run(load.drive_open(None, "m", [{}, {}], np.array([0.0])))
+
+
+def test_await_config_probes_until_an_answer_carries_the_version(monkeypatch):
+    versions = iter([3, 3, 4, 5])
+    calls = []
+
+    async def fake_infer(nc, model, inputs, slo_ms, timeout):
+        calls.append(inputs)
+        v = next(versions)
+        if len(calls) == 2:
+            raise InferError("no_workers", "restarting")   # an error is retried, not fatal
+        return {"config_version": v}
+
+    monkeypatch.setattr(load, "infer", fake_infer)
+    assert asyncio.run(load.await_config(None, "m", 4, {"x": 1})) == 3
+    assert all(c == {"x": 1} for c in calls)
+
+
+def test_await_config_gives_up_with_a_clear_error(monkeypatch):
+    async def fake_infer(nc, model, inputs, slo_ms, timeout):
+        return {"config_version": 1}
+
+    monkeypatch.setattr(load, "infer", fake_infer)
+    with pytest.raises(RuntimeError, match="exit config v2"):
+        asyncio.run(load.await_config(None, "m", 2, {}, timeout_s=0.05))

@@ -223,3 +223,25 @@ def test_a_failing_order_check_falls_back_to_splitting(tiny_dir, monkeypatch):
     monkeypatch.setattr(taps, "verify_order", broken)
     assert rt.tapped((0,)) is None
     assert any("could not be checked" in n for n in rt.tap_notes)
+
+
+def test_the_stage_bytes_plus_the_extension_parse_as_the_tapped_stage(tiny_dir):
+    """Workers append the heads' and taps' bytes to the stage's cached serialization."""
+    m = Manifest.load(tiny_dir)
+    stage = assemble([onnx.load(str(tiny_dir / b.file)) for b in m.blocks], 0, m.num_blocks)
+    heads = [(r, m.blocks[m.ramp(r).after_block].output_name,
+              onnx.load(str(tiny_dir / m.ramp(r).file))) for r in (0, 2)]
+    ext = taps.tap_extension(taps.StageFacts.of(stage), heads)
+    joined = onnx.ModelProto.FromString(stage.SerializeToString() + ext.SerializeToString())
+    assert joined == taps.tapped(stage, heads)
+    assert [o.name for o in joined.graph.output][-2:] == [taps.tap_output(0), taps.tap_output(2)]
+    assert len(joined.graph.node) == len(stage.graph.node) + len(ext.graph.node)
+    assert ext.ByteSize() < stage.ByteSize()
+
+
+def test_the_extension_rejects_a_site_outside_the_stage(tiny_dir):
+    m = Manifest.load(tiny_dir)
+    stage = assemble([onnx.load(str(tiny_dir / m.blocks[0].file))], 0, 1)
+    head = onnx.load(str(tiny_dir / m.ramp(0).file))
+    with pytest.raises(ValueError, match="not in the stage"):
+        taps.tap_extension(taps.StageFacts.of(stage), [(0, "no/such/tensor", head)])

@@ -147,6 +147,17 @@ class Trace:
                        z["arrival_s"] if "arrival_s" in z.files else None, meta)
 
 
+PROGRESS_EVERY_S = 2.0  # between progress lines
+
+
+def _report(progress: Callable[[str], None], name: str, done: int, total: int | None,
+            t0: float) -> float:
+    now = time.perf_counter()
+    of = f"/{total}" if total else ""
+    progress(f"trace {name}: {done}{of} samples ({done / max(now - t0, 1e-9):.1f}/s)")
+    return now
+
+
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -173,16 +184,17 @@ def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
     scores: list[np.ndarray] = []
     finals: list[np.ndarray] = []
     done, t0 = 0, time.perf_counter()
+    said = t0
     for chunk in inputs:
         final, ramp_logits = rt.run_all(chunk)
         preds.append(np.stack([ramp_logits[i].argmax(axis=1) for i in ids]))
         scores.append(np.stack([exit_score(ramp_logits[i], score) for i in ids]))
         finals.append(final.argmax(axis=1))
         done += final.shape[0]
-        if progress is not None:
-            rate = done / max(time.perf_counter() - t0, 1e-9)
-            of = f"/{total}" if total else ""
-            progress(f"trace {manifest.name}: {done}{of} samples ({rate:.1f}/s)")
+        if progress is not None and time.perf_counter() - said >= PROGRESS_EVERY_S:
+            said = _report(progress, manifest.name, done, total, t0)
+    if progress is not None and done:
+        _report(progress, manifest.name, done, total, t0)  # the last line: what was recorded
     if not finals:
         raise TraceError("no inputs given: a trace needs at least one sample")
     prof = LatencyProfile.from_manifest(manifest)

@@ -22,7 +22,7 @@ def test_record_trace_on_tiny(models_dir, tmp_path) -> None:
     tr = record_trace(model_dir, chunks, arrivals=arrivals, progress=said.append)
     r = len(manifest.ramps)
     assert tr.ramp_pred.shape == (r, 40) and tr.ramp_score.shape == (r, 40)
-    assert len(said) == 2 and "40 samples" in said[-1]
+    assert 1 <= len(said) <= 2 and "40 samples" in said[-1]  # at most every 2 s, and the end
 
     # same answers as running the model directly
     final, ramps = StageRuntime(model_dir, manifest, 0, manifest.num_blocks, device="cpu") \

@@ -29,7 +29,11 @@ per trigger (the work; the simulator times each step on its own).
   boundary"); the next frames land beyond it, and each miss costs a disagreement.
 - **adjust**: every ``adjust_every`` [128] samples ("every 128 samples by default", §3.3)
   ``ramp_adjust.adjust()`` runs on the last ``adjust_window`` [128] samples holding every
-  active ramp. Sites deactivated in the last ``cooldown_rounds`` [2] rounds are not trialled.
+  active ramp. A deactivated site is not trialled again for ``cooldown_rounds`` [2] rounds,
+  doubled for each further deactivation in a row (at most ``MAX_COOLDOWN_ROUNDS``): live, a
+  stream whose ramps cannot meet the constraint had the controller trial and drop the same
+  two sites every round, each trial paying its serving cost on every sample and a session
+  build in the worker. A site that keeps a non-negative utility through a round starts afresh.
 - Records served before a ramp was activated never tune or judge it: windows are built from
   the newest records that hold every active ramp (older supersets still count).
 
@@ -70,6 +74,7 @@ DEFAULT_SLACK_WINDOWS = 8    # clean windows before a savings tune
 DEFAULT_TUNE_SHARE = 0.5     # tune to this share of the constraint: headroom for drift
 DEFAULT_BACKOFF = 0.25       # after an alert, failing ramps' thresholds <= this x wrong score
 DEFAULT_COOLDOWN_ROUNDS = 2  # adjust rounds a deactivated site is not trialled again
+MAX_COOLDOWN_ROUNDS = 32     # the longest wait after repeated failures (4096 samples)
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,7 @@ class ExitController:
         self.since_adjust = 0
         self.rounds = 0          # adjust rounds run
         self.deactivated_at: dict[int, int] = {}  # site -> round it was deactivated
+        self.failures: dict[int, int] = {}        # site -> deactivations in a row
         self.counts = {"alerts": 0, "tunes": 0, "adjusts": 0, "changes": 0}
         self._segs: list[tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray]] = []
 
@@ -336,16 +342,26 @@ class ExitController:
             return self._decision("adjust", trigger, "keep", "no feedback holds every active "
                                   "ramp yet", self.active, self.thresholds, 0, None)
         exclude = frozenset(s for s, r in self.deactivated_at.items()
-                            if self.rounds - r <= self.cooldown_rounds and s not in self.active)
+                            if self.rounds - r <= self.cooldown(s) and s not in self.active)
         d = adjust(AdjustInput(w, self.profile, self.thresholds, self.tune_constraint,
                                self.budget, exclude))
+        for u in d.utilities:  # paid its way this round: a later failure waits the base time
+            if u.utility_ms >= 0 and u.ramp_id in d.active:
+                self.failures.pop(u.ramp_id, None)
         for s in d.deactivated:
             self.deactivated_at[s] = self.rounds
+            self.failures[s] = self.failures.get(s, 0) + 1
         self.deactivated_at = {s: r for s, r in self.deactivated_at.items()
-                               if self.rounds - r <= self.cooldown_rounds}
+                               if self.rounds - r <= self.cooldown(s)}
         return self._decision("adjust", trigger, d.action, d.reason, d.active, d.thresholds,
                               w.n_samples, None, utilities=d.utilities,
                               deactivated=d.deactivated, added=d.added, window=w)
+
+    def cooldown(self, site: int) -> int:
+        """Adjust rounds ``site`` waits after its latest deactivation before a new trial."""
+        k = max(self.failures.get(site, 1), 1)
+        return min(self.cooldown_rounds * 2 ** (k - 1),
+                   max(MAX_COOLDOWN_ROUNDS, self.cooldown_rounds))
 
     def _decision(self, kind: str, trigger: Trigger, action: str, reason: str,
                   active: tuple[int, ...], thresholds: tuple[float, ...], tuned_on: int,
@@ -377,6 +393,7 @@ class ExitController:
             "win_dis": self.win_dis, "clean": self.clean, "since_adjust": self.since_adjust,
             "rounds": self.rounds, "counts": dict(self.counts),
             "deactivated_at": {str(s): r for s, r in self.deactivated_at.items()},
+            "failures": {str(s): k for s, k in self.failures.items()},
             "records": [{"ramp_ids": list(i), "pred": p.tolist(), "score": s.tolist(),
                          "final": f.tolist()} for i, p, s, f in self._segs],
         }
@@ -389,6 +406,7 @@ class ExitController:
             setattr(c, k, int(d[k]))
         c.counts = {k: int(v) for k, v in d["counts"].items()}
         c.deactivated_at = {int(s): int(r) for s, r in d["deactivated_at"].items()}
+        c.failures = {int(s): int(k) for s, k in d.get("failures", {}).items()}
         for rec in d["records"]:
             ids = tuple(int(r) for r in rec["ramp_ids"])
             n = len(rec["final"])

@@ -152,3 +152,41 @@ def test_bad_parameters() -> None:
         ctl(active=(1, 9))
     with pytest.raises(ValueError):
         ctl(thresholds=(0.1,))
+
+
+def _trials(c: ExitController, rounds: int, wrong: float, seed: int = 0) -> list[tuple[int, tuple]]:
+    """(round, active set) of every adjust round over ``rounds`` windows of 128 samples."""
+    out = []
+    for k in range(rounds):
+        for d in c.observe(batch(c.active, 128, seed=seed + k, wrong=wrong)):
+            if d.kind == "adjust" or d.trigger == "adjust":
+                out.append((c.rounds, tuple(d.active)))
+    return out
+
+
+def test_cooldown_doubles_with_each_failure_in_a_row_up_to_a_cap() -> None:
+    c = ctl(cooldown_rounds=2)
+    assert c.cooldown(3) == 2                     # never failed: the base wait
+    for k, want in [(1, 2), (2, 4), (3, 8), (4, 16), (5, 32), (9, 32)]:
+        c.failures[3] = k
+        assert c.cooldown(3) == want
+
+
+def test_sites_that_keep_failing_are_trialled_less_and_less_often() -> None:
+    # every ramp is always wrong: each trial is dropped at the next round
+    c = ctl(active=(1,), thresholds=(0.0,), adjust_every=128)
+    trials = [r for r, active in _trials(c, 60, wrong=1.0) if active]
+    early = sum(1 for r in trials if r <= 20)
+    late = sum(1 for r in trials if r > 40)
+    assert early >= 8 and late < early / 2, trials
+    assert all(k >= 3 for k in c.failures.values()), c.failures
+    # the backoff survives a restart from the store
+    again = ExitController.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert again.failures == c.failures and again.cooldown(1) == c.cooldown(1)
+
+
+def test_a_ramp_that_pays_its_way_starts_its_backoff_afresh() -> None:
+    c = ctl(active=(1,), thresholds=(0.5,), adjust_every=128)
+    c.failures[1] = 4
+    _trials(c, 1, wrong=0.0)  # ramp 1 answers right, confidently: positive utility
+    assert 1 in c.active and 1 not in c.failures

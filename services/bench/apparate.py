@@ -51,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          "--workload) instead of replaying a trace")
     _add(parser, "--workload", choices=["video", "text"],
          help="apparate --live: the generated stream (video frames or drifting texts)")
+    _add(parser, "--repeat", type=int, default=1,
+         help="apparate --live: run the whole vanilla/static/offramp sequence this many "
+         "times and report medians (the machine drifts between sequential runs)")
     _add(parser, "--scene-frames", metavar="MIN:MAX",
          help="apparate --live, video: scene lengths in frames (default 16:120; a fixed "
          "camera's run far longer, e.g. 600:1800)")

@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
         print("error: bench apparate --live needs --workload video|text (and --model M)",
               file=sys.stderr)
         return 2
-    if args.requests <= 0:
-        print("error: --requests must be positive", file=sys.stderr)
+    if args.requests <= 0 or args.repeat <= 0:
+        print("error: --requests and --repeat must be positive", file=sys.stderr)
         return 2
     os.environ["OFFRAMP_MODELS"] = args.model
     os.environ["OFFRAMP_RAMP_BUDGET"] = str(args.budget)  # the tuner and initial deployment
@@ -75,11 +75,16 @@ def run(args: argparse.Namespace) -> int:
         url = sup.start()
         say(f"bench: NATS at {url}; service logs in {cfg.home / 'logs'}")
         sup.wait_ready()
-        outcomes, deployed = _live_runs(cfg, sup, url, args.model, manifest, inputs,
-                                        arrival_s, static_t, ids, say)
+        runs = []
+        for k in range(args.repeat):
+            if args.repeat > 1:
+                say(f"run {k + 1} of {args.repeat}")
+            outcomes, deployed = _live_runs(cfg, sup, url, args.model, manifest, inputs,
+                                            arrival_s, static_t, ids, say)
+            runs.append(policy_docs(outcomes, deployed, trace, static_t))
     finally:
         sup.stop()
-    doc = report(outcomes, deployed, trace, replay, args, spec, static_t)
+    doc = report(runs, trace, replay, args, spec)
     doc["machine"] = _machine()
     print(table(doc))
     Path(args.json).write_text(json.dumps(doc, indent=1, default=float) + "\n")
@@ -141,9 +146,14 @@ def _live_runs(cfg, sup, url: str, model: str, manifest, inputs: list, arrival_s
                               "reason": r.reason} for r in row]}
 
 
-def report(outcomes: dict[str, list], deployed: dict[str, Any], trace, replay: dict,
-           args: argparse.Namespace, arrivals: str, static_t: float) -> dict[str, Any]:
-    """The JSON document (see the module docstring for what is live and what is not)."""
+POLICIES = ("vanilla", "static", "offramp", "oracle")
+SUMMED = ("p25_ms", "p50_ms", "p95_ms", "mean_ms", "agreement", "worst_window_agreement",
+          "exit_rate")  # what the median over repeats covers
+
+
+def policy_docs(outcomes: dict[str, list], deployed: dict[str, Any], trace,
+                static_t: float) -> dict[str, dict[str, Any]]:
+    """One run's ``vanilla``, ``static``, ``offramp`` and ``oracle`` summaries."""
     from services.bench.apparate import _pct
     from services.bench.live_metrics import (
         active_over_time,
@@ -152,24 +162,16 @@ def report(outcomes: dict[str, list], deployed: dict[str, Any], trace, replay: d
         run_summary,
     )
 
-    n = trace.n_samples
-    ref = labels_by_index(outcomes["vanilla"], n)
-    doc: dict[str, Any] = {
-        "mode": "live", "model": args.model, "workload": trace.meta.get("workload"),
-        "scene_frames": trace.meta.get("scene_frames"), "requests": n, "arrivals": arrivals,
-        "constraint": args.constraint, "budget": args.budget,
-        "agreement_reference": "the vanilla run's label for the same input",
-    }
-    for name in ("vanilla", "static", "offramp"):
-        doc[name] = run_summary(outcomes[name], ref)
+    ref = labels_by_index(outcomes["vanilla"], trace.n_samples)
+    doc = {name: run_summary(outcomes[name], ref) for name in ("vanilla", "static", "offramp")}
     doc["static"]["threshold"] = static_t
     doc["vanilla"]["agreement_with_in_process_model"] = float(
         np.mean(ref[ref >= 0] == trace.final_pred[ref >= 0])) if (ref >= 0).any() else None
-    by_version = deployed["active_by_version"]
-    doc["offramp"].update(initial_active=deployed["initial_active"],
-                          configs=len(deployed["configs"]),
-                          active_ramps_over_time=active_over_time(outcomes["offramp"], by_version),
-                          timeline=deployed["configs"])
+    doc["offramp"].update(
+        initial_active=deployed["initial_active"], configs=len(deployed["configs"]),
+        active_ramps_over_time=active_over_time(outcomes["offramp"],
+                                                deployed["active_by_version"]),
+        timeline=deployed["configs"])
     lat = oracle_latency(outcomes["vanilla"], trace.ramp_pred, trace.final_pred, trace.prefix_ms)
     right = trace.ramp_pred == trace.final_pred
     doc["oracle"] = {"p25_ms": _pct(lat, 25), "p50_ms": _pct(lat, 50), "p95_ms": _pct(lat, 95),
@@ -177,6 +179,58 @@ def report(outcomes: dict[str, list], deployed: dict[str, Any], trace, replay: d
                      "exit_rate": float(right.any(axis=0).mean()),
                      "source": "estimated: the vanilla run's latency minus the model time "
                                "skipped by exiting at the earliest correct ramp (ramps free)"}
+    return doc
+
+
+def _median(values: list) -> float | None:
+    got = [v for v in values if v is not None]
+    return float(np.median(got)) if got else None
+
+
+def aggregate(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The policies over repeated runs: each figure the median over the runs (one run: that
+    run), and per policy each run's p50 and p95 change against that run's vanilla."""
+    out: dict[str, Any] = {}
+    for name in POLICIES:
+        first = runs[0][name]
+        agg = dict(first) if len(runs) == 1 else {
+            k: v for k, v in first.items() if k not in SUMMED and k not in
+            ("requests", "ok", "errors", "compared", "config_versions", "timeline",
+             "active_ramps_over_time", "configs")}
+        if len(runs) > 1:
+            for k in SUMMED:
+                if k in first:
+                    agg[k] = _median([r[name].get(k) for r in runs])
+            for k in ("requests", "ok", "errors"):
+                if k in first:
+                    agg[k] = int(sum(r[name][k] for r in runs))
+        agg["p50_change_by_run"] = [_rel(r[name]["p50_ms"], r["vanilla"]["p50_ms"]) for r in runs]
+        agg["p95_change_by_run"] = [_rel(r[name]["p95_ms"], r["vanilla"]["p95_ms"]) for r in runs]
+        out[name] = agg
+    return out
+
+
+def _rel(v: float | None, base: float | None) -> float | None:
+    return (v - base) / base if v is not None and base else None
+
+
+def report(runs: list[dict[str, dict[str, Any]]], trace, replay: dict,
+           args: argparse.Namespace, arrivals: str) -> dict[str, Any]:
+    """The JSON document (see the module docstring for what is live and what is not)."""
+    from services.bench.apparate import _pct
+
+    doc: dict[str, Any] = {
+        "mode": "live", "model": args.model, "workload": trace.meta.get("workload"),
+        "scene_frames": trace.meta.get("scene_frames"), "requests": trace.n_samples,
+        "arrivals": arrivals, "constraint": args.constraint, "budget": args.budget,
+        "repeats": len(runs),
+        "aggregate": "one run" if len(runs) == 1 else
+                     f"median over {len(runs)} runs of the whole sequence",
+        "agreement_reference": "the vanilla run's label for the same input",
+        **aggregate(runs),
+    }
+    if len(runs) > 1:
+        doc["runs"] = runs
     off = replay["offramp"]
     wall = off.extra["wall_ms"]
     doc.update({
@@ -190,10 +244,6 @@ def report(outcomes: dict[str, list], deployed: dict[str, Any], trace, replay: d
     return doc
 
 
-def _change(v: float | None, base: float | None) -> str:
-    return f"{100 * (v - base) / base:+.1f}%" if v is not None and base else ""
-
-
 def table(doc: dict[str, Any]) -> str:
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}"
@@ -201,24 +251,35 @@ def table(doc: dict[str, Any]) -> str:
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{100 * x:.2f}%"
 
+    def change(xs: list) -> str:
+        m = _median(xs)
+        return "" if m is None else f"{100 * m:+.1f}%"
+
     scenes = f", scenes {doc['scene_frames']}" if doc.get("scene_frames") else ""
     head = (f"offramp bench apparate --live: {doc['model']}, {doc['requests']} "
             f"{doc['workload']} samples{scenes}, arrivals {doc['arrivals']} (live, open loop; "
-            f"budget {doc['budget']:.0%}, constraint {doc['constraint']:.0%})")
+            f"budget {doc['budget']:.0%}, constraint {doc['constraint']:.0%}; {doc['aggregate']})")
     cols = (f"  {'policy':<9} {'p25 ms':>8} {'p50 ms':>8} {'p95 ms':>8} {'p50 vs van':>10} "
             f"{'p95 vs van':>10} {'agreement':>9} {'worst 16':>9} {'exits':>7}")
     lines = [head, cols]
-    base = doc["vanilla"]
-    for name in ("vanilla", "static", "offramp", "oracle"):
+    for name in POLICIES:
         r = doc[name]
         lines.append(f"  {name:<9} {ms(r['p25_ms']):>8} {ms(r['p50_ms']):>8} {ms(r['p95_ms']):>8} "
-                     f"{_change(r['p50_ms'], base['p50_ms']):>10} "
-                     f"{_change(r['p95_ms'], base['p95_ms']):>10} {pct(r['agreement']):>9} "
+                     f"{change(r['p50_change_by_run']):>10} "
+                     f"{change(r['p95_change_by_run']):>10} {pct(r['agreement']):>9} "
                      f"{pct(r.get('worst_window_agreement')):>9} {pct(r.get('exit_rate')):>7}")
-    o = doc["offramp"]
+    if doc["repeats"] > 1:
+        for name in ("static", "offramp", "oracle"):
+            per = ", ".join(f"{100 * a:+.1f}/{100 * b:+.1f}%" for a, b in zip(
+                doc[name]["p50_change_by_run"], doc[name]["p95_change_by_run"], strict=True)
+                if a is not None and b is not None)
+            lines.append(f"  {name} p50/p95 vs vanilla, run by run: {per}")
+    runs = doc.get("runs") or [{"offramp": doc["offramp"]}]
+    o = runs[-1]["offramp"]
     lines.append(f"  static: every ramp at threshold {doc['static']['threshold']:.4g}; offramp: "
-                 f"initial ramps {o['initial_active'] or 'none'}, {o['configs']} configs, "
-                 f"active ramps over time {o['active_ramps_over_time']}")
+                 f"initial ramps {o['initial_active'] or 'none'}, configs per run "
+                 f"{[r['offramp']['configs'] for r in runs]}, active ramps over time (last run) "
+                 f"{o['active_ramps_over_time']}")
     lines.append(f"  oracle: {doc['oracle']['source']}")
     lines.append(f"  tuning p50 {ms(doc['tuning_ms_p50'])} ms, ramp adjustment p50 "
                  f"{ms(doc['adjust_ms_p50'])} ms, grid gap "

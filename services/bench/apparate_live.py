@@ -9,11 +9,14 @@ vanilla run gave the same input (the final model as served).
 
 Two columns are not live runs, and the output says so: the oracle (each input answers at
 its earliest correct ramp, ramps free) is the vanilla run's latency minus the model time it
-skips, which in latency mode is exact up to noise, since every input still runs to the end
-and the queue is the vanilla run's; and the tuner's per-round wall times and grid gap come
+skips (a close estimate in latency mode: every input still runs to the end, so the queue
+is the vanilla run's); and the tuner's per-round wall times and grid gap come
 from replaying the same stream (``offramp trace record`` of these inputs, run in process
 first: it also gives the static threshold and the oracle's exits) through the same
 controller code.
+
+The three policies run one after another, so the machine's drift lands in the comparison:
+``--repeat K`` runs the whole sequence K times and reports medians (``live_metrics.aggregate``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import numpy as np
 
 def run(args: argparse.Namespace) -> int:
     from services.bench.apparate import _machine, light_load
+    from services.bench.live_metrics import policy_docs
     from services.common import config as config_mod
     from services.common.supervisor import Deployment, Supervisor, prepare_state
     from services.models.arrivals import make_arrivals
@@ -146,78 +150,11 @@ def _live_runs(cfg, sup, url: str, model: str, manifest, inputs: list, arrival_s
                               "reason": r.reason} for r in row]}
 
 
-POLICIES = ("vanilla", "static", "offramp", "oracle")
-SUMMED = ("p25_ms", "p50_ms", "p95_ms", "mean_ms", "agreement", "worst_window_agreement",
-          "exit_rate")  # what the median over repeats covers
-
-
-def policy_docs(outcomes: dict[str, list], deployed: dict[str, Any], trace,
-                static_t: float) -> dict[str, dict[str, Any]]:
-    """One run's ``vanilla``, ``static``, ``offramp`` and ``oracle`` summaries."""
-    from services.bench.apparate import _pct
-    from services.bench.live_metrics import (
-        active_over_time,
-        labels_by_index,
-        oracle_latency,
-        run_summary,
-    )
-
-    ref = labels_by_index(outcomes["vanilla"], trace.n_samples)
-    doc = {name: run_summary(outcomes[name], ref) for name in ("vanilla", "static", "offramp")}
-    doc["static"]["threshold"] = static_t
-    doc["vanilla"]["agreement_with_in_process_model"] = float(
-        np.mean(ref[ref >= 0] == trace.final_pred[ref >= 0])) if (ref >= 0).any() else None
-    doc["offramp"].update(
-        initial_active=deployed["initial_active"], configs=len(deployed["configs"]),
-        active_ramps_over_time=active_over_time(outcomes["offramp"],
-                                                deployed["active_by_version"]),
-        timeline=deployed["configs"])
-    lat = oracle_latency(outcomes["vanilla"], trace.ramp_pred, trace.final_pred, trace.prefix_ms)
-    right = trace.ramp_pred == trace.final_pred
-    doc["oracle"] = {"p25_ms": _pct(lat, 25), "p50_ms": _pct(lat, 50), "p95_ms": _pct(lat, 95),
-                     "mean_ms": float(lat.mean()) if lat.size else None, "agreement": 1.0,
-                     "exit_rate": float(right.any(axis=0).mean()),
-                     "source": "estimated: the vanilla run's latency minus the model time "
-                               "skipped by exiting at the earliest correct ramp (ramps free)"}
-    return doc
-
-
-def _median(values: list) -> float | None:
-    got = [v for v in values if v is not None]
-    return float(np.median(got)) if got else None
-
-
-def aggregate(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """The policies over repeated runs: each figure the median over the runs (one run: that
-    run), and per policy each run's p50 and p95 change against that run's vanilla."""
-    out: dict[str, Any] = {}
-    for name in POLICIES:
-        first = runs[0][name]
-        agg = dict(first) if len(runs) == 1 else {
-            k: v for k, v in first.items() if k not in SUMMED and k not in
-            ("requests", "ok", "errors", "compared", "config_versions", "timeline",
-             "active_ramps_over_time", "configs")}
-        if len(runs) > 1:
-            for k in SUMMED:
-                if k in first:
-                    agg[k] = _median([r[name].get(k) for r in runs])
-            for k in ("requests", "ok", "errors"):
-                if k in first:
-                    agg[k] = int(sum(r[name][k] for r in runs))
-        agg["p50_change_by_run"] = [_rel(r[name]["p50_ms"], r["vanilla"]["p50_ms"]) for r in runs]
-        agg["p95_change_by_run"] = [_rel(r[name]["p95_ms"], r["vanilla"]["p95_ms"]) for r in runs]
-        out[name] = agg
-    return out
-
-
-def _rel(v: float | None, base: float | None) -> float | None:
-    return (v - base) / base if v is not None and base else None
-
-
 def report(runs: list[dict[str, dict[str, Any]]], trace, replay: dict,
            args: argparse.Namespace, arrivals: str) -> dict[str, Any]:
     """The JSON document (see the module docstring for what is live and what is not)."""
     from services.bench.apparate import _pct
+    from services.bench.live_metrics import aggregate
 
     doc: dict[str, Any] = {
         "mode": "live", "model": args.model, "workload": trace.meta.get("workload"),
@@ -252,8 +189,8 @@ def table(doc: dict[str, Any]) -> str:
         return "-" if x is None else f"{100 * x:.2f}%"
 
     def change(xs: list) -> str:
-        m = _median(xs)
-        return "" if m is None else f"{100 * m:+.1f}%"
+        got = [x for x in xs if x is not None]
+        return f"{100 * float(np.median(got)):+.1f}%" if got else ""
 
     scenes = f", scenes {doc['scene_frames']}" if doc.get("scene_frames") else ""
     head = (f"offramp bench apparate --live: {doc['model']}, {doc['requests']} "
@@ -262,7 +199,7 @@ def table(doc: dict[str, Any]) -> str:
     cols = (f"  {'policy':<9} {'p25 ms':>8} {'p50 ms':>8} {'p95 ms':>8} {'p50 vs van':>10} "
             f"{'p95 vs van':>10} {'agreement':>9} {'worst 16':>9} {'exits':>7}")
     lines = [head, cols]
-    for name in POLICIES:
+    for name in ("vanilla", "static", "offramp", "oracle"):
         r = doc[name]
         lines.append(f"  {name:<9} {ms(r['p25_ms']):>8} {ms(r['p50_ms']):>8} {ms(r['p95_ms']):>8} "
                      f"{change(r['p50_change_by_run']):>10} "

@@ -1,6 +1,7 @@
 """What a live run of ``offramp bench apparate --live`` measured, from the client's
 outcomes (no I/O): latency percentiles, agreement with the final model's answers, the
-worst window, early exits, and the oracle's latency in latency mode."""
+worst window, early exits, the oracle's latency in latency mode, one run's policy
+summaries and their medians over repeated runs."""
 
 from __future__ import annotations
 
@@ -76,3 +77,64 @@ def active_over_time(outcomes: Sequence[Outcome], active_by_version: dict[int, l
             out.append([o.index, n])
             last = n
     return out
+
+
+POLICIES = ("vanilla", "static", "offramp", "oracle")
+SUMMED = ("p25_ms", "p50_ms", "p95_ms", "mean_ms", "agreement", "worst_window_agreement",
+          "exit_rate")  # what the median over repeats covers
+
+
+def policy_docs(outcomes: dict[str, list], deployed: dict[str, Any], trace,
+                static_t: float) -> dict[str, dict[str, Any]]:
+    """One run's ``vanilla``, ``static``, ``offramp`` and ``oracle`` summaries."""
+    ref = labels_by_index(outcomes["vanilla"], trace.n_samples)
+    doc = {name: run_summary(outcomes[name], ref) for name in ("vanilla", "static", "offramp")}
+    doc["static"]["threshold"] = static_t
+    doc["vanilla"]["agreement_with_in_process_model"] = float(
+        np.mean(ref[ref >= 0] == trace.final_pred[ref >= 0])) if (ref >= 0).any() else None
+    doc["offramp"].update(
+        initial_active=deployed["initial_active"], configs=len(deployed["configs"]),
+        active_ramps_over_time=active_over_time(outcomes["offramp"],
+                                                deployed["active_by_version"]),
+        timeline=deployed["configs"])
+    lat = oracle_latency(outcomes["vanilla"], trace.ramp_pred, trace.final_pred, trace.prefix_ms)
+    right = trace.ramp_pred == trace.final_pred
+    pct = (lambda q: float(np.percentile(lat, q))) if lat.size else (lambda q: None)
+    doc["oracle"] = {"p25_ms": pct(25), "p50_ms": pct(50), "p95_ms": pct(95),
+                     "mean_ms": float(lat.mean()) if lat.size else None, "agreement": 1.0,
+                     "exit_rate": float(right.any(axis=0).mean()),
+                     "source": "estimated: the vanilla run's latency minus the model time "
+                               "skipped by exiting at the earliest correct ramp (ramps free)"}
+    return doc
+
+
+def _median(values: list) -> float | None:
+    got = [v for v in values if v is not None]
+    return float(np.median(got)) if got else None
+
+
+def aggregate(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The policies over repeated runs: each figure the median over the runs (one run: that
+    run), and per policy each run's p50 and p95 change against that run's vanilla."""
+    out: dict[str, Any] = {}
+    for name in POLICIES:
+        first = runs[0][name]
+        agg = dict(first) if len(runs) == 1 else {
+            k: v for k, v in first.items() if k not in SUMMED and k not in
+            ("requests", "ok", "errors", "compared", "config_versions", "timeline",
+             "active_ramps_over_time", "configs")}
+        if len(runs) > 1:
+            for k in SUMMED:
+                if k in first:
+                    agg[k] = _median([r[name].get(k) for r in runs])
+            for k in ("requests", "ok", "errors"):
+                if k in first:
+                    agg[k] = int(sum(r[name][k] for r in runs))
+        agg["p50_change_by_run"] = [_rel(r[name]["p50_ms"], r["vanilla"]["p50_ms"]) for r in runs]
+        agg["p95_change_by_run"] = [_rel(r[name]["p95_ms"], r["vanilla"]["p95_ms"]) for r in runs]
+        out[name] = agg
+    return out
+
+
+def _rel(v: float | None, base: float | None) -> float | None:
+    return (v - base) / base if v is not None and base else None

@@ -1,10 +1,12 @@
-"""How `bench apparate --live` combines repeated runs (services/bench/apparate_live)."""
+"""How `bench apparate --live` combines repeated runs (services.bench.live_metrics.aggregate)
+and prints them (services.bench.apparate_live.table)."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.bench.apparate_live import aggregate, table
+from services.bench.apparate_live import table
+from services.bench.live_metrics import aggregate
 
 
 def _run(vanilla_ms: float, offramp_ms: float, errors: int = 0) -> dict:

@@ -164,13 +164,21 @@ def _series(results: dict[str, PolicyResult], n_sites: int
 
 def plot(results: dict[str, PolicyResult], n_sites: int, path: Path) -> Path:
     roll, th, active = _series(results, n_sites)
+    return draw(roll, th, active, path, MODE)
+
+
+def draw(roll: dict[str, np.ndarray], th: np.ndarray, active: np.ndarray, path: Path,
+         title: str) -> Path:
+    """Latency (rolling medians per policy), offramp's thresholds (sites x samples, NaN where
+    inactive) and its active-ramp count over the stream, to ``path`` (.svg without
+    matplotlib)."""
     try:
         import matplotlib  # noqa: F401  (optional: not a dependency)
     except ImportError:
         if path.suffix.lower() != ".svg":
             raise ValueError(f"{path.suffix} plots need matplotlib (not installed): use .svg") \
                 from None
-        path.write_text(_svg(roll, th, active))
+        path.write_text(_svg(roll, th, active, title))
         return path
     import matplotlib.pyplot as plt
 
@@ -187,7 +195,7 @@ def plot(results: dict[str, PolicyResult], n_sites: int, path: Path) -> Path:
     ax[2].step(np.arange(active.size), active, where="post")
     ax[2].set_ylabel("active ramps")
     ax[2].set_xlabel("sample")
-    fig.suptitle(f"{MODE}: latency, thresholds and active ramps")
+    fig.suptitle(f"{title}: latency, thresholds and active ramps")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -197,13 +205,14 @@ _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
            "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939")
 
 
-def _svg(roll: dict[str, np.ndarray], th: np.ndarray, active: np.ndarray) -> str:
+def _svg(roll: dict[str, np.ndarray], th: np.ndarray, active: np.ndarray,
+         title: str = MODE) -> str:
     """Three stacked panels as a dependency-free SVG (lines downsampled to <= 1000 points)."""
     w, h, left, top, gap = 960, 200, 70, 40, 50
     n = max([y.size + ROLL - 1 for y in roll.values()] + [active.size, 1])
     parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{w + left + 150}" '
              f'height="{top + 3 * (h + gap)}" font-family="sans-serif" font-size="11">'),
-             (f'<text x="{left}" y="20" font-size="14">{MODE}: latency, thresholds, active '
+             (f'<text x="{left}" y="20" font-size="14">{title}: latency, thresholds, active '
              'ramps</text>')]
 
     def panel(i: int, title: str, series: list[tuple[str, np.ndarray, np.ndarray]],

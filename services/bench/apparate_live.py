@@ -50,6 +50,13 @@ def run(args: argparse.Namespace) -> int:
     if args.requests <= 0 or args.repeat <= 0:
         print("error: --requests and --repeat must be positive", file=sys.stderr)
         return 2
+    if getattr(args, "plot", None) and Path(args.plot).suffix.lower() != ".svg":
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            print(f"error: {Path(args.plot).suffix} plots need matplotlib (not installed): "
+                  "use .svg", file=sys.stderr)
+            return 2
     os.environ["OFFRAMP_MODELS"] = args.model
     os.environ["OFFRAMP_RAMP_BUDGET"] = str(args.budget)  # the tuner and initial deployment
     cfg = config_mod.load()
@@ -92,7 +99,25 @@ def run(args: argparse.Namespace) -> int:
     doc["machine"] = _machine()
     print(table(doc))
     Path(args.json).write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    if getattr(args, "plot", None):
+        try:
+            say(f"plot: {_plot(outcomes, deployed, trace, args)}")
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return 0 if all(doc[k]["errors"] == 0 for k in ("vanilla", "static", "offramp")) else 1
+
+
+def _plot(outcomes: dict[str, list], deployed: dict[str, Any], trace,
+          args: argparse.Namespace) -> Path:
+    """The last run's latency, thresholds and active ramps over the stream."""
+    from services.bench.apparate import ROLL, draw
+    from services.bench.live_metrics import live_series
+
+    roll, th, active = live_series(outcomes, deployed["configs"], trace.n_sites,
+                                   trace.n_samples, ROLL)
+    title = "live" if args.repeat == 1 else f"live, the last of {args.repeat} runs"
+    return draw(roll, th, active, Path(args.plot), title)
 
 
 def _full_ms(manifest) -> float:

@@ -138,3 +138,30 @@ def aggregate(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
 
 def _rel(v: float | None, base: float | None) -> float | None:
     return (v - base) / base if v is not None and base else None
+
+
+def live_series(outcomes: dict[str, Sequence[Outcome]], configs: list[dict[str, Any]],
+                n_sites: int, n: int, roll: int) -> tuple[dict[str, np.ndarray], np.ndarray,
+                                                          np.ndarray]:
+    """What the plot draws for one live run: per policy the rolling median (``roll``
+    samples) of latency in stream order; offramp's thresholds per site and sample (NaN where
+    the ramp was not active) and active-ramp count per sample, from the config each answer
+    carried (``configs``: version, active, thresholds by ramp)."""
+    rolled = {}
+    for name, outs in outcomes.items():
+        lat = np.array([o.latency_ms for o in sorted(outs, key=lambda o: o.index) if o.ok])
+        if lat.size:
+            k = min(roll, lat.size)
+            rolled[name] = np.median(np.lib.stride_tricks.sliding_window_view(lat, k), axis=1)
+    by_version = {int(c["version"]): c for c in configs}
+    th = np.full((n_sites, n), np.nan)
+    active = np.zeros(n)
+    for o in outcomes.get("offramp", []):
+        c = by_version.get(o.config_version)
+        if not o.ok or c is None or not 0 <= o.index < n:
+            continue
+        active[o.index] = len(c["active"])
+        for r in c["active"]:
+            if 0 <= int(r) < n_sites:
+                th[int(r), o.index] = float(c["thresholds"].get(str(r), 0.0))
+    return rolled, th, active

@@ -30,7 +30,8 @@ def test_live_bench_runs_every_policy_on_the_same_stream(models_dir, tmp_path):
     # A budget that admits ramps here, so the offramp run has something to tune.
     proc = _bench(tmp_path, models_dir, "--live", "--model", "efficientnet-lite0",
                   "--workload", "video", "--requests", "120", "--arrivals", "poisson:25",
-                  "--budget", "0.25", "--grid-rounds", "2", "--repeat", "2", "--json", str(out))
+                  "--budget", "0.25", "--grid-rounds", "2", "--repeat", "2", "--json", str(out),
+                  "--plot", str(tmp_path / "live.svg"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["mode"] == "live" and doc["requests"] == 120 and doc["repeats"] == 2
@@ -53,6 +54,8 @@ def test_live_bench_runs_every_policy_on_the_same_stream(models_dir, tmp_path):
     assert "estimated" in doc["oracle"]["source"] and "replay" in doc["tuning_source"]
     assert "tuning_ms_p50" in doc and "grid_gap" in doc
     assert "run by run" in proc.stdout and "oracle" in proc.stdout
+    svg = (tmp_path / "live.svg").read_text()
+    assert svg.startswith("<svg") and "live, the last of 2 runs" in svg and "offramp" in svg
 
 
 @pytest.mark.parametrize("args, message", [
@@ -61,6 +64,7 @@ def test_live_bench_runs_every_policy_on_the_same_stream(models_dir, tmp_path):
     (["--live", "--workload", "video", "--requests", "0", "--json", "x.json"], "positive"),
     (["--live", "--workload", "video", "--repeat", "0", "--json", "x.json"], "positive"),
     (["--json", "x.json"], "--trace FILE"),
+    (["--live", "--workload", "video", "--json", "x.json", "--plot", "p.png"], "use .svg"),
 ])
 def test_bad_arguments_fail_before_starting_anything(tmp_path, models_dir, args, message):
     proc = _bench(tmp_path, models_dir, *args)

@@ -77,3 +77,19 @@ def test_active_ramps_over_time_lists_changes_in_stream_order():
             _out(3, 0, version=5)]
     by_version = {3: [1, 4], 4: [1, 4], 5: [4]}
     assert active_over_time(outs, by_version) == [[0, 2], [3, 1]]
+
+
+def test_live_series_follow_the_config_each_answer_carried():
+    from services.bench.live_metrics import live_series
+
+    configs = [{"version": 3, "active": [1], "thresholds": {"1": 0.2}},
+               {"version": 4, "active": [0, 2], "thresholds": {"0": 0.1, "2": 0.3}}]
+    outs = {"vanilla": [_out(i, 0, ms=10.0 + i) for i in range(4)],
+            "offramp": [_out(3, 0, ms=1.0, version=4), _out(0, 0, ms=2.0, version=3),
+                        _out(1, 0, ms=3.0, version=3), _out(2, 0, ms=4.0, version=4)]}
+    roll, th, active = live_series(outs, configs, n_sites=3, n=4, roll=2)
+    assert roll["vanilla"].tolist() == [10.5, 11.5, 12.5]      # stream order, window 2
+    assert roll["offramp"].tolist() == [2.5, 3.5, 2.5]
+    assert active.tolist() == [1, 1, 2, 2]
+    assert np.isnan(th[0, :2]).all() and th[0, 2:].tolist() == [0.1, 0.1]
+    assert th[1, :2].tolist() == [0.2, 0.2] and np.isnan(th[1, 2:]).all()

@@ -38,14 +38,12 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     sup = Supervisor(cfg, Deployment((args.model,)), log_dir=cfg.home / "logs")
-    tuner = None
     deployment: dict = {}
     try:
         url = sup.start()
         say(f"demo: NATS at {url}; service logs in {cfg.home / 'logs'}")
         sup.wait_ready()
         from services.exit_config_cli import set_exit_config
-        from services.worker.exits import initial_ramps
 
         set_exit_config(cfg, url, args.model, 0.0, [], "none", "demo: vanilla run (no ramps)")
         vanilla, _ = asyncio.run(stream_live(cfg, url, args.model, inputs, arrival_s,
@@ -56,19 +54,14 @@ def run_demo(args: argparse.Namespace) -> int:
         from services.tuner.window import LatencyProfile
 
         manifest = Manifest.load(cfg.models_dir / args.model)
-        active = initial_ramps(manifest, cfg.ramp_budget)
+        adaptive, _, active = adaptive_run(cfg, sup, url, manifest, inputs, arrival_s, "demo",
+                                           args.concurrency)
         prof = LatencyProfile.from_manifest(manifest)
         deployment = {"active": active, "ramp_budget": cfg.ramp_budget,
                       "full_ms": prof.full_ms,
                       "cheapest_ramp_ms": float(prof.ramp_cost_ms.min()) if prof.n_sites else None,
                       "ramp_serving": manifest.meta.get("ramp_serving", "split")}
-        set_exit_config(cfg, url, args.model, 0.0, [], ",".join(map(str, active)) or "none",
-                        "demo: initial deployment for the adaptive run")
-        tuner = start_tuner(sup, cfg, "demo-tuner.log")
-        adaptive, _ = asyncio.run(stream_live(cfg, url, args.model, inputs, arrival_s,
-                                              "offramp", args.concurrency))
     finally:
-        stop_tuner(tuner)
         sup.stop()
     summary = {"model": args.model, "requests": args.requests,
                "concurrency": args.concurrency, "arrivals": args.arrivals,
@@ -100,20 +93,30 @@ def demo_inputs(cfg, model: str, n: int, scenes: tuple[int, int] | None = None
     return [{k: v[i] for k, v in batch.items()} for i in range(n)]
 
 
-def start_tuner(sup: Supervisor, cfg, log_name: str) -> subprocess.Popen:
-    """The tuner service beside a running stack (the adaptive loop), subscribed before
-    the caller's first request."""
+def adaptive_run(cfg, sup: Supervisor, url: str, manifest, inputs: list,
+                 arrival_s: np.ndarray | None, who: str, concurrency: int = 1
+                 ) -> tuple[dict, list, list[int]]:
+    """offramp's run: the initial deployment (evenly spaced ramps within the budget,
+    thresholds 0) with the tuner service adapting it live beside the running stack. Returns
+    the run's summary and outcomes (``stream_live``) and the initial active ramps."""
+    from services.exit_config_cli import set_exit_config
+    from services.worker.exits import initial_ramps
+
+    model = manifest.name
+    active = initial_ramps(manifest, cfg.ramp_budget)
+    set_exit_config(cfg, url, model, 0.0, [], ",".join(map(str, active)) or "none",
+                    f"{who}: offramp's initial deployment")
     tuner = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "tuner"],
                              env={**sup.env}, stdout=subprocess.DEVNULL,
-                             stderr=open(cfg.home / "logs" / log_name, "ab"))  # noqa: SIM115
-    time.sleep(2.0)  # connected and subscribed before the first frame
-    return tuner
-
-
-def stop_tuner(tuner: subprocess.Popen | None) -> None:
-    if tuner is not None:
+                             stderr=open(cfg.home / "logs" / f"{who}-tuner.log", "ab"))  # noqa: SIM115
+    try:
+        time.sleep(2.0)  # connected and subscribed before the first request
+        summary, outcomes = asyncio.run(stream_live(cfg, url, model, inputs, arrival_s,
+                                                    "offramp", concurrency))
+    finally:
         tuner.terminate()
         tuner.wait(timeout=15)
+    return summary, outcomes, active
 
 
 async def stream_live(cfg, url: str, model: str, inputs: list, arrival_s: np.ndarray | None,

@@ -139,10 +139,9 @@ def _replay(trace, arrival_s: np.ndarray, args: argparse.Namespace) -> dict:
 def _live_runs(cfg, sup, url: str, model: str, manifest, inputs: list, arrival_s: np.ndarray,
                static_t: float, ids: list[int], say) -> tuple[dict[str, list], dict[str, Any]]:
     """vanilla, static and offramp, one after the other on the running stack."""
-    from services.demo import start_tuner, stop_tuner, stream_live
+    from services.demo import adaptive_run, stream_live
     from services.exit_config_cli import set_exit_config
     from services.store.repository import Store
-    from services.worker.exits import initial_ramps
 
     def run(label: str) -> list:
         return asyncio.run(stream_live(cfg, url, model, inputs, arrival_s, label))[1]
@@ -154,16 +153,9 @@ def _live_runs(cfg, sup, url: str, model: str, manifest, inputs: list, arrival_s
                     f"bench apparate --live: static, every ramp at {static_t:.4g} "
                     "(tuned once on the first 10 % of the stream)")
     out["static"] = run("static")
-    active = initial_ramps(manifest, cfg.ramp_budget)
     with Store(cfg.database_url) as store:
         before = store.latest_exit_config(model)
-    set_exit_config(cfg, url, model, 0.0, [], ",".join(map(str, active)) or "none",
-                    "bench apparate --live: offramp's initial deployment")
-    tuner = start_tuner(sup, cfg, "bench-tuner.log")
-    try:
-        out["offramp"] = run("offramp")
-    finally:
-        stop_tuner(tuner)
+    _, out["offramp"], active = adaptive_run(cfg, sup, url, manifest, inputs, arrival_s, "bench")
     with Store(cfg.database_url) as store:
         row = store.exit_configs(model, before.version if before else 0)
     say(f"offramp: initial deployment {active or 'none'}; {len(row)} configs")
@@ -207,6 +199,8 @@ def report(runs: list[dict[str, dict[str, Any]]], trace, replay: dict,
 
 
 def table(doc: dict[str, Any]) -> str:
+    from services.bench.live_metrics import median_of
+
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}"
 
@@ -214,8 +208,8 @@ def table(doc: dict[str, Any]) -> str:
         return "-" if x is None else f"{100 * x:.2f}%"
 
     def change(xs: list) -> str:
-        got = [x for x in xs if x is not None]
-        return f"{100 * float(np.median(got)):+.1f}%" if got else ""
+        m = median_of(xs)
+        return "" if m is None else f"{100 * m:+.1f}%"
 
     scenes = f", scenes {doc['scene_frames']}" if doc.get("scene_frames") else ""
     head = (f"offramp bench apparate --live: {doc['model']}, {doc['requests']} "

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from services.bench.apparate import _pct
 from services.common.load import Outcome
 from services.sim.replay import window_agreements
 
@@ -99,8 +100,7 @@ def policy_docs(outcomes: dict[str, list], deployed: dict[str, Any], trace,
         timeline=deployed["configs"])
     lat = oracle_latency(outcomes["vanilla"], trace.ramp_pred, trace.final_pred, trace.prefix_ms)
     right = trace.ramp_pred == trace.final_pred
-    pct = (lambda q: float(np.percentile(lat, q))) if lat.size else (lambda q: None)
-    doc["oracle"] = {"p25_ms": pct(25), "p50_ms": pct(50), "p95_ms": pct(95),
+    doc["oracle"] = {"p25_ms": _pct(lat, 25), "p50_ms": _pct(lat, 50), "p95_ms": _pct(lat, 95),
                      "mean_ms": float(lat.mean()) if lat.size else None, "agreement": 1.0,
                      "exit_rate": float(right.any(axis=0).mean()),
                      "source": "estimated: the vanilla run's latency minus the model time "
@@ -108,7 +108,8 @@ def policy_docs(outcomes: dict[str, list], deployed: dict[str, Any], trace,
     return doc
 
 
-def _median(values: list) -> float | None:
+def median_of(values: list) -> float | None:
+    """The median of the values that are not None (None when there are none)."""
     got = [v for v in values if v is not None]
     return float(np.median(got)) if got else None
 
@@ -126,7 +127,7 @@ def aggregate(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         if len(runs) > 1:
             for k in SUMMED:
                 if k in first:
-                    agg[k] = _median([r[name].get(k) for r in runs])
+                    agg[k] = median_of([r[name].get(k) for r in runs])
             for k in ("requests", "ok", "errors"):
                 if k in first:
                     agg[k] = int(sum(r[name][k] for r in runs))

@@ -70,10 +70,10 @@ def tap_plan(thresholds: tuple[tuple[int, float], ...], score: str) -> TapPlan:
 
 
 class _Run:
-    __slots__ = ("errors", "exit_at", "on_exit", "reported")
+    __slots__ = ("errors", "on_exit", "reported")
 
-    def __init__(self, on_exit: ExitHandler | None, exit_at: np.ndarray) -> None:
-        self.on_exit, self.exit_at = on_exit, exit_at
+    def __init__(self, on_exit: ExitHandler | None) -> None:
+        self.on_exit = on_exit
         self.reported: list[int] = []
         self.errors: list[BaseException] = []
 
@@ -123,7 +123,7 @@ def run_with_taps(call: Callable[[], T], plan: TapPlan, exit_at: np.ndarray,
     lib = _lib or _library()  # every step here is paid per batch, on caches the model run
     if exit_at.dtype != np.int32 or not exit_at.flags.c_contiguous:  # just evicted: few steps
         raise ValueError("exit_at must be a contiguous int32 array")
-    run = _local.run = _Run(on_exit, exit_at)  # runs do not nest (one state per thread in C)
+    run = _local.run = _Run(on_exit)  # runs do not nest (one state per thread in C)
     lib.offramp_tap_begin(plan.address, plan.thresholds.size,
                           exit_at.__array_interface__["data"][0], exit_at.shape[0],
                           plan.score_kind, int(report_all))

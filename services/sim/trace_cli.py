@@ -98,10 +98,10 @@ def workload_chunks(manifest, workload: str, n: int, seed: int, scene_frames: st
     """Chunks of ``n`` samples of a named workload for ``manifest``'s model (``video``:
     frames with scene cuts every ``scene_frames`` MIN:MAX frames; ``text``: the drifting
     topic stream) and what describes it in a trace's meta. Bad names raise ValueError."""
-    from services.models.workloads import parse_scene_frames
+    from services.models.workloads import SCENE_FRAMES, parse_scene_frames
 
     if workload == "video":
-        scenes = parse_scene_frames(scene_frames or "16:120")
+        scenes = parse_scene_frames(scene_frames) if scene_frames else SCENE_FRAMES
         return (_video_inputs(n, seed, manifest.inputs, scenes),
                 {"workload": workload, "scene_frames": list(scenes)})
     if workload == "text":

@@ -364,7 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     keep_large_buffers()  # every command moves or builds large buffers (services/common/memory.py)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    return int(args.fn(args) or 0)
+    try:
+        return int(args.fn(args) or 0)
+    except config_mod.ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ class Config:
     ramp_budget: float = 0.02
     adapt: bool = False
     nats_procs: int = 0
+    ort_spin: str = "auto"
     extra: dict[str, str] = field(default_factory=dict)
 
     def as_env(self) -> dict[str, str]:
@@ -62,6 +63,7 @@ class Config:
             "OFFRAMP_RAMP_BUDGET": str(self.ramp_budget),
             "OFFRAMP_ADAPT": "1" if self.adapt else "0",
             "OFFRAMP_NATS_PROCS": str(self.nats_procs),
+            "OFFRAMP_ORT_SPIN": self.ort_spin,
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
@@ -86,6 +88,7 @@ DOCUMENTED = [
     ("OFFRAMP_REQUEST_TIMEOUT_S", "5", "client-side timeout of CLI requests"),
     ("OFFRAMP_DEVICE", "auto", "auto | cpu | cuda: ONNX Runtime execution provider"),
     ("OFFRAMP_ORT_THREADS", "0", "ONNX Runtime intra-op threads (0 = runtime default)"),
+    ("OFFRAMP_ORT_SPIN", "auto", "auto | on | off: a worker's intra-op threads spin-wait between operators (auto: on when `offramp up` runs one worker on the host, else off)"),
     ("OFFRAMP_ACCURACY_LOSS", "0.01", "accuracy constraint: largest allowed loss of agreement with the final model"),
     ("OFFRAMP_RAMP_BUDGET", "0.02", "worst-case latency the active ramps may add (their measured serving cost), as a share of the model's"),
     ("OFFRAMP_ADAPT", "0", "1: `offramp up` also runs the tuner (continual exit adaptation)"),
@@ -93,7 +96,20 @@ DOCUMENTED = [
 ]
 
 
+class ConfigError(ValueError):
+    """An ``OFFRAMP_*`` variable holds a value the services cannot use."""
+
+
 def load() -> Config:
+    try:
+        return _load()
+    except ConfigError:
+        raise
+    except ValueError as exc:  # e.g. int("abc"): say which setting is wrong
+        raise ConfigError(f"bad OFFRAMP_* setting: {exc}") from None
+
+
+def _load() -> Config:
     home = Path(_env("OFFRAMP_HOME", str(Path.home() / ".offramp"))).expanduser()
     models_dir = Path(_env("OFFRAMP_MODELS_DIR", str(home / "models"))).expanduser()
     return Config(
@@ -117,7 +133,15 @@ def load() -> Config:
         ramp_budget=float(_env("OFFRAMP_RAMP_BUDGET", "0.02")),
         adapt=_env("OFFRAMP_ADAPT", "0").lower() in ("1", "true", "yes", "on"),
         nats_procs=int(_env("OFFRAMP_NATS_PROCS", "0")),
+        ort_spin=_choice("OFFRAMP_ORT_SPIN", "auto", ("auto", "on", "off")),
     )
+
+
+def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = _env(name, default).lower()
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r}: use one of {', '.join(allowed)}")
+    return value
 
 
 def field_names() -> list[str]:

@@ -87,6 +87,19 @@ async def drive(nc: Client, model: str, inputs: list[dict[str, np.ndarray]], con
     return outcomes
 
 
+# The event loop's timers wake up to ~2 ms late (epoll's millisecond timeout): sleep to this
+# much before a send is due, then yield to the loop until it is (about 4 % of a core at
+# 35 req/s), so the generator's own lateness does not read as the system's latency.
+SEND_MARGIN_S = 0.002
+
+
+async def _until(loop: asyncio.AbstractEventLoop, due: float) -> None:
+    if due - SEND_MARGIN_S > loop.time():
+        await asyncio.sleep(due - SEND_MARGIN_S - loop.time())
+    while loop.time() < due:
+        await asyncio.sleep(0)  # answers to earlier requests keep being read meanwhile
+
+
 async def drive_open(nc: Client, model: str, inputs: list[dict[str, np.ndarray]],
                      arrival_s: np.ndarray, slo_ms: float | None = None, timeout: float = 10.0,
                      on_done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
@@ -108,8 +121,7 @@ async def drive_open(nc: Client, model: str, inputs: list[dict[str, np.ndarray]]
     tasks = []
     for i, t in enumerate(np.asarray(arrival_s, dtype=float).tolist()):
         due = start + t
-        if due > loop.time():
-            await asyncio.sleep(due - loop.time())
+        await _until(loop, due)
         tasks.append(asyncio.create_task(one(i, due)))
     await asyncio.gather(*tasks)
     return sorted(outcomes, key=lambda o: o.index)

@@ -110,6 +110,7 @@ class Supervisor:
             self.url = self.nats.start()
         env_cfg = self.cfg.as_env()
         env_cfg["OFFRAMP_NATS_URL"] = self.url
+        env_cfg["OFFRAMP_ORT_SPIN"] = self.ort_spin()
         self.env = {**os.environ, **env_cfg}
         base = [sys.executable, "-m", "services.cli", "serve"]
         self.children = [Child("router", base + ["router"]), Child("monitor", base + ["monitor"]),
@@ -128,6 +129,18 @@ class Supervisor:
         for child in self.children:
             self._spawn(child)
         return self.url
+
+    def workers(self) -> int:
+        """Worker processes this deployment starts: every stage of every model, replicated."""
+        return sum((len(self.deployment.cuts.get(m, [])) + 1) * self.deployment.replicas
+                   for m in self.deployment.models)
+
+    def ort_spin(self) -> str:
+        """The workers' ``OFFRAMP_ORT_SPIN``, resolved here where the number of workers on
+        this host is known (see ``runtime.spin_for``)."""
+        from services.models.runtime import spin_for
+
+        return "on" if spin_for(self.cfg.ort_spin, self.workers()) else "off"
 
     def _spawn(self, child: Child) -> None:
         out = None

@@ -41,15 +41,35 @@ def pick_providers(device: str = "auto") -> list[str]:
     raise ValueError(f"unknown device {device!r}; use auto, cuda or cpu")
 
 
-def session_options(threads: int = 0) -> ort.SessionOptions:
+SPIN_SETTINGS = ("auto", "on", "off")
+
+
+def spin_for(setting: str, workers_on_host: int | None) -> bool:
+    """Whether a worker's intra-op threads spin-wait between operators (``OFFRAMP_ORT_SPIN``).
+
+    Spinning saves the wake-up of a sleeping thread at every parallel operator: on a 2-core
+    machine it cut a lone worker's light-load median by 2-3 ms. But a spinning pool steals the
+    cores other compute processes need (two split stages on 2 cores lost a third of their
+    throughput), so ``auto`` spins only when this worker is the host's only one, which the
+    supervisor knows (``workers_on_host``); a worker started on its own (compose) does not."""
+    if setting not in SPIN_SETTINGS:
+        raise ValueError(f"unknown ORT spin setting {setting!r}; use {', '.join(SPIN_SETTINGS)}")
+    if setting == "auto":
+        return workers_on_host == 1
+    return setting == "on"
+
+
+def session_options(threads: int = 0, spin: bool = False) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads > 0:
         so.intra_op_num_threads = threads
     so.log_severity_level = 3  # errors only: keep service logs readable
-    # Idle intra-op threads otherwise spin-wait after each run, stealing the cores the
-    # router, NATS and the other stages need on a small machine.
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Off by default: idle intra-op threads would spin-wait after each run, stealing the
+    # cores the router, NATS and the other stages need on a small machine (see spin_for).
+    # Measurements (prepare, profiler) keep it off: they alternate between sessions, whose
+    # separate pools would spin against each other.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     return so
 
 
@@ -103,6 +123,7 @@ class StageRuntime:
         device: str = "auto",
         threads: int = 0,
         use_taps: bool = True,
+        spin: bool = False,
     ) -> None:
         if not 0 <= first_block < last_block <= manifest.num_blocks:
             raise ValueError(
@@ -113,7 +134,7 @@ class StageRuntime:
         self.manifest = manifest
         self.first_block = first_block
         self.last_block = last_block
-        so = session_options(threads)
+        so = session_options(threads, spin)
         wanted = pick_providers(device)
 
         def load(file: str) -> ort.InferenceSession:
@@ -128,6 +149,7 @@ class StageRuntime:
         self._inputs: dict[ort.InferenceSession, list[str]] = {}
         self.use_taps = use_taps
         self.threads = threads
+        self.spin = spin
         self.tap_notes: list[str] = []  # why a set of ramps splits instead (for logs)
         self._merge_lock = threading.Lock()
         self.ramps = manifest.ramps_in(first_block, last_block)
@@ -288,7 +310,7 @@ class StageRuntime:
             self.tap_notes.append(f"ramps {list(ramps)} cannot be tapped ({exc}): split")
             return None
 
-        so = session_options(self.threads)
+        so = session_options(self.threads, self.spin)
         so.register_custom_ops_library(lib.path)
         later = {}
         for r in ramps:  # nodes only after the site (free nodes repeat in every block)

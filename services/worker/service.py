@@ -28,7 +28,7 @@ from services.common.config import Config
 from services.common.hotpath import flush_now, publish_many, publish_now, subscribe_direct
 from services.common.runtime import spawn
 from services.models.manifest import Manifest
-from services.models.runtime import StageRuntime
+from services.models.runtime import StageRuntime, spin_for
 from services.worker.exits import initial_config, initial_ramps, ramp_outcome
 from services.worker.stage_exec import execute
 from services.worker.telemetry import TelemetryBuffer
@@ -329,7 +329,9 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
         raise SystemExit(f"stage {stage} does not exist: cuts {cuts} give {len(ranges)} stages")
     first, last = ranges[stage]
     plan = StagePlan(model, stage, len(ranges), first, last)
-    runtime = StageRuntime(model_dir, manifest, first, last, device=cfg.device, threads=cfg.ort_threads)
+    spin = spin_for(cfg.ort_spin, None)  # auto: off unless the supervisor resolved it on
+    runtime = StageRuntime(model_dir, manifest, first, last, device=cfg.device,
+                           threads=cfg.ort_threads, spin=spin)
     store = Store(cfg.database_url)
     nc = await bus.connect(cfg.nats_url or "nats://127.0.0.1:4222", f"offramp-worker-{model}-{stage}")
     worker = Worker(nc, cfg, plan, manifest, runtime, store, log)
@@ -351,6 +353,7 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
     log.info("worker ready %s", logs.kv(id=worker.id, blocks=f"{first}:{last}",
                                        ramps=[r.index for r in worker.ramps],
                                        providers=",".join(runtime.providers),
+                                       ort_spin="on" if spin else "off",
                                        config_version=worker.config.version))
     await stop.wait()
     runner.cancel()

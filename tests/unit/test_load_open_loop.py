@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -24,10 +25,13 @@ def test_sends_on_schedule_without_waiting_for_answers(monkeypatch):
 
     monkeypatch.setattr(load, "infer", fake_infer)
     arrivals = np.array([0.0, 0.01, 0.02, 0.03])
+    t0 = time.monotonic()  # the event loop's clock: the run starts no earlier
     outs = asyncio.run(load.drive_open(None, "m", [{"i": i} for i in range(4)], arrivals))
     assert [o.index for o in outs] == [0, 1, 2, 3]
     assert [i for i, _ in sent] == [0, 1, 2, 3]
     assert sent[-1][1] - sent[0][1] < 0.05       # all four were sent before the first answer
+    # never before its time (the send waits out the timer's margin on the loop)
+    assert all(t - t0 >= a for (_, t), a in zip(sent, arrivals, strict=True))
     assert [o.ok for o in outs] == [True, True, False, True] and outs[2].code == "overloaded"
     assert outs[1].early and not outs[0].early and outs[0].config_version == 4
     assert all(o.latency_ms >= 50.0 for o in outs)  # from the scheduled arrival

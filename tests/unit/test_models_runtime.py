@@ -97,3 +97,19 @@ def test_fused_ranges_match_block_by_block(tiny_dir):
     assert none is None
     np.testing.assert_allclose(as_numpy(act2), rt.run_all(x)[0], atol=1e-5)
     assert len(rt.merged(0, 2, 1).get_outputs()) == 2  # really one fused graph
+
+
+def test_spin_for_auto_spins_only_a_lone_worker():
+    assert runtime.spin_for("auto", 1) is True
+    assert runtime.spin_for("auto", 2) is False
+    assert runtime.spin_for("auto", None) is False  # started on its own: cores may be shared
+    assert runtime.spin_for("on", 3) is True
+    assert runtime.spin_for("off", 1) is False
+    with pytest.raises(ValueError, match="auto, on, off"):
+        runtime.spin_for("sometimes", 1)
+
+
+def test_session_options_carry_the_spin_setting():
+    entry = "session.intra_op.allow_spinning"
+    assert runtime.session_options(0).get_session_config_entry(entry) == "0"
+    assert runtime.session_options(0, spin=True).get_session_config_entry(entry) == "1"

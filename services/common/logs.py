@@ -11,9 +11,9 @@ _FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 def setup(service: str, level: str = "INFO") -> logging.Logger:
     root = logging.getLogger()
     if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        root.addHandler(logging.StreamHandler(sys.stderr))
+    for handler in root.handlers:  # also the CLI's basicConfig one: every line gets its time
         handler.setFormatter(logging.Formatter(_FORMAT))
-        root.addHandler(handler)
     root.setLevel(level)
     # nats-py logs every reconnect attempt at ERROR; our callbacks report them once.
     logging.getLogger("nats").setLevel(logging.CRITICAL)

@@ -70,6 +70,9 @@ def session_options(threads: int = 0, spin: bool = False) -> ort.SessionOptions:
     # Measurements (prepare, profiler) keep it off: they alternate between sessions, whose
     # separate pools would spin against each other.
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    # Spinning stops the moment a run returns (else the pool spins on into the idle time
+    # between requests, burning the cores the answer's path needs), and resumes at the next.
+    so.add_session_config_entry("session.force_spinning_stop", "1")
     return so
 
 
@@ -305,7 +308,7 @@ class StageRuntime:
         heads = [(r, self.manifest.blocks[self.manifest.ramp(r).after_block].output_name,
                   onnx.load(str(self.model_dir / self.manifest.ramp(r).file))) for r in ramps]
         try:  # the cached stage's bytes + the heads' and taps' (see taps.tap_extension)
-            data = stage.data + taps.tap_extension(stage.facts, heads).SerializeToString()
+            extension = taps.tap_extension(stage.facts, heads).SerializeToString()
         except Exception as exc:  # noqa: BLE001 - e.g. an opset mismatch in a user's model
             self.tap_notes.append(f"ramps {list(ramps)} cannot be tapped ({exc}): split")
             return None
@@ -318,8 +321,16 @@ class StageRuntime:
             later[r] = set().union(*stage.names[cut:]) - set().union(*stage.names[:cut])
         try:
             with tempfile.TemporaryDirectory(prefix="offramp-taps-") as tmp:
+                # Loaded from a file the two parts are written to: joining them in memory
+                # and handing the runtime bytes both hold the GIL (about 0.1 s for MiniLM's
+                # 90 MB, stalling the worker's event loop); file writes and a load from a
+                # path do not.
+                path = Path(tmp) / "tapped.onnx"
+                with open(path, "wb") as f:
+                    f.write(stage.data)
+                    f.write(extension)
                 taps.profile_into(so, tmp)  # the first run only: verify_order ends it
-                sess = ort.InferenceSession(data, so, providers=self._providers)
+                sess = ort.InferenceSession(str(path), so, providers=self._providers)
                 check = taps.verify_order(sess, self.dummy_feeds(sess), ramps, later)
         except Exception as exc:  # noqa: BLE001 - e.g. a trial input the graph rejects
             self.tap_notes.append(f"ramps {list(ramps)} could not be checked ({exc!r}): split")

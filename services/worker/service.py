@@ -295,8 +295,15 @@ class Worker:
 
     async def heartbeat_loop(self, stop: asyncio.Event) -> None:
         last_store = 0.0
+        last_beat = time.monotonic()
         host, pid = socket.gethostname(), os.getpid()
         while not stop.is_set():
+            gap_ms = (time.monotonic() - last_beat) * 1e3
+            last_beat = time.monotonic()
+            if gap_ms > 2 * self.cfg.heartbeat_ms:  # the router declares loss at 3 periods
+                self.log.warning("heartbeat late %s", logs.kv(
+                    gap_ms=round(gap_ms), busy=self.busy, queued=self.queue.qsize(),
+                    config_version=self.config.version))
             await self.nc.publish(subjects.HEARTBEAT, encode_map(
                 worker=self.id, model=self.plan.model, stage=self.plan.stage,
                 stages=self.plan.stages, first_block=self.plan.first_block,

@@ -113,3 +113,6 @@ def test_session_options_carry_the_spin_setting():
     entry = "session.intra_op.allow_spinning"
     assert runtime.session_options(0).get_session_config_entry(entry) == "0"
     assert runtime.session_options(0, spin=True).get_session_config_entry(entry) == "1"
+    # spinning never outlives a run: no cores burnt between requests
+    assert runtime.session_options(0, spin=True).get_session_config_entry(
+        "session.force_spinning_stop") == "1"

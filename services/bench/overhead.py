@@ -18,6 +18,7 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import uvloop
@@ -33,13 +34,14 @@ from services.common.supervisor import Deployment, Supervisor, prepare_state
 
 def _inprocess(cfg, model: str):
     from services.models.manifest import Manifest
-    from services.models.runtime import StageRuntime
+    from services.models.runtime import StageRuntime, spin_for
     from services.worker.exits import initial_config, initial_ramps
     from services.worker.stage_exec import execute
 
     manifest = Manifest.load(cfg.models_dir / model)
     runtime = StageRuntime(cfg.models_dir / model, manifest, 0, len(manifest.blocks),
-                           device=cfg.device, threads=cfg.ort_threads)
+                           device=cfg.device, threads=cfg.ort_threads,
+                           spin=spin_for(cfg.ort_spin, None))
     config = initial_config(model, initial_ramps(manifest, cfg.ramp_budget))
 
     def run(inputs: dict[str, np.ndarray]) -> float:
@@ -140,6 +142,7 @@ def run_overhead(args: argparse.Namespace) -> int:
     cfg = config_mod.load()
     prepare_state(cfg, say=lambda m: print(m, file=sys.stderr))
     sup = Supervisor(cfg, Deployment(cfg.models), log_dir=cfg.home / "logs")
+    cfg = replace(cfg, ort_spin=sup.ort_spin())  # the in-process runs spin as the workers do
     try:
         url = sup.start()
         sup.wait_ready()

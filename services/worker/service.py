@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 from schemas import subjects
 from schemas.messages import Batch, ExitConfig, Results, decode_map, encode_map, encode_reply
 from services.common import bus, logs
+from services.common.background import run_low
 from services.common.config import Config
 from services.common.hotpath import flush_now, publish_many, publish_now, subscribe_direct
 from services.common.runtime import spawn
@@ -108,8 +109,9 @@ class Worker:
         if config.model != self.plan.model or config.version <= self._newest_version():
             return
         # Build the merged block sessions the new active set needs before it is applied,
-        # off the event loop, so no batch waits for session creation.
-        await self.loop.run_in_executor(None, self.runtime.warm, config.active)
+        # off the event loop and at low priority, so no batch waits for (or competes with)
+        # session creation.
+        await self.loop.run_in_executor(None, run_low, self.runtime.warm, config.active)
         self._log_tap_notes()
         if config.version > self._newest_version():
             self.next_config = config  # swapped in between batches, never mid-batch

@@ -16,6 +16,10 @@ from services.models.manifest import Manifest
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
+# Tapped sessions a stage keeps: enough for the tuner's trials to come back to the sets it
+# just left (add a ramp, drop it, re-tune) without a rebuild, bounded in memory.
+TAPPED_SESSIONS_KEPT = 8
+_UNBUILT = object()
 
 
 def gpu_present() -> bool:
@@ -147,7 +151,12 @@ class StageRuntime:
         self._so, self._providers = so, wanted
         self._out_device = "cuda" if wanted[0] == CUDA else "cpu"
         self._merged: dict[tuple[int, int], ort.InferenceSession] = {}
+        # At most TAPPED_SESSIONS_KEPT, the least recently used out: each holds its own copy
+        # of the stage's weights (~100 MB for MiniLM), and a tuner adapting for days visits
+        # ever more ramp sets.
         self._tapped: dict[tuple[int, ...], ort.InferenceSession | None] = {}
+        self._tap_used: dict[tuple[int, ...], int] = {}
+        self._uses = itertools.count()
         self._tap_base: _TapStage | None = None
         self._inputs: dict[ort.InferenceSession, list[str]] = {}
         self.use_taps = use_taps
@@ -277,11 +286,24 @@ class StageRuntime:
         splits at each ramp (``run_range``). Built and checked on first use."""
         if not ramps:
             return None
-        if ramps not in self._tapped:
+        sess = self._tapped.get(ramps, _UNBUILT)  # no lock: batches never wait for a build
+        if sess is _UNBUILT:
             with self._merge_lock:
-                if ramps not in self._tapped:
-                    self._tapped[ramps] = self._build_tapped(ramps)
-        return self._tapped[ramps]
+                sess = self._tapped.get(ramps, _UNBUILT)
+                if sess is _UNBUILT:
+                    sess = self._tapped[ramps] = self._build_tapped(ramps)
+                    self._evict_tapped(keep=ramps)
+        self._tap_used[ramps] = next(self._uses)
+        return sess
+
+    def _evict_tapped(self, keep: tuple[int, ...]) -> None:
+        """Drop the least recently used tapped sessions beyond the limit (a batch still
+        running on one keeps it alive until it ends)."""
+        while len(self._tapped) > TAPPED_SESSIONS_KEPT:
+            victim = min((k for k in self._tapped if k != keep),
+                         key=lambda k: self._tap_used.get(k, -1))
+            self._inputs.pop(self._tapped.pop(victim), None)
+            self._tap_used.pop(victim, None)
 
     def preload_taps(self) -> None:
         """Build or load the ramp tap library now (a compile on a machine's first start),

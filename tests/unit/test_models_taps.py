@@ -245,3 +245,20 @@ def test_the_extension_rejects_a_site_outside_the_stage(tiny_dir):
     head = onnx.load(str(tiny_dir / m.ramp(0).file))
     with pytest.raises(ValueError, match="not in the stage"):
         taps.tap_extension(taps.StageFacts.of(stage), [(0, "no/such/tensor", head)])
+
+
+def test_tapped_sessions_kept_are_bounded_least_recently_used_out(tiny_dir, monkeypatch):
+    from services.models import runtime
+
+    monkeypatch.setattr(runtime, "TAPPED_SESSIONS_KEPT", 2)
+    m = Manifest.load(tiny_dir)
+    rt = StageRuntime(tiny_dir, m, 0, m.num_blocks, device="cpu", threads=1)
+    a, b = rt.tapped((0,)), rt.tapped((1,))
+    assert rt.tapped((0,)) is a                  # cached, and now the most recently used
+    x = sample_inputs("tiny", 2, seed=3)
+    rt.run_tapped(b, x, None, taps.tap_plan(((1, 0.0),), "max_softmax"), np.full(2, -1, np.int32))
+    c = rt.tapped((2,))                          # a third set evicts the least recent: (1,)
+    assert c is not None and rt.tapped((0,)) is a and rt.tapped((2,)) is c
+    assert set(rt._tapped) == {(0,), (2,)}
+    assert b not in rt._inputs                   # nothing else keeps the evicted one alive
+    assert rt.tapped((1,)) is not b              # built again when asked for

@@ -96,6 +96,9 @@ DOCUMENTED = [
 ]
 
 
+ORT_SPIN_SETTINGS = ("auto", "on", "off")  # see services.models.runtime.spin_for
+
+
 class ConfigError(ValueError):
     """An ``OFFRAMP_*`` variable holds a value the services cannot use."""
 
@@ -133,7 +136,7 @@ def _load() -> Config:
         ramp_budget=float(_env("OFFRAMP_RAMP_BUDGET", "0.02")),
         adapt=_env("OFFRAMP_ADAPT", "0").lower() in ("1", "true", "yes", "on"),
         nats_procs=int(_env("OFFRAMP_NATS_PROCS", "0")),
-        ort_spin=_choice("OFFRAMP_ORT_SPIN", "auto", ("auto", "on", "off")),
+        ort_spin=_choice("OFFRAMP_ORT_SPIN", "auto", ORT_SPIN_SETTINGS),
     )
 
 

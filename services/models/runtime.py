@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from services.common.config import ORT_SPIN_SETTINGS
 from services.models.manifest import Manifest
 
 CUDA = "CUDAExecutionProvider"
@@ -45,19 +46,17 @@ def pick_providers(device: str = "auto") -> list[str]:
     raise ValueError(f"unknown device {device!r}; use auto, cuda or cpu")
 
 
-SPIN_SETTINGS = ("auto", "on", "off")
-
-
 def spin_for(setting: str, workers_on_host: int | None) -> bool:
     """Whether a worker's intra-op threads spin-wait between operators (``OFFRAMP_ORT_SPIN``).
 
     Spinning saves the wake-up of a sleeping thread at every parallel operator: on a 2-core
-    machine it cut a lone worker's light-load median by 2-3 ms. But a spinning pool steals the
+    machine it cut a lone MiniLM worker's closed-loop median from 14.4 to 10.0 ms. But a spinning pool steals the
     cores other compute processes need (two split stages on 2 cores lost a third of their
     throughput), so ``auto`` spins only when this worker is the host's only one, which the
     supervisor knows (``workers_on_host``); a worker started on its own (compose) does not."""
-    if setting not in SPIN_SETTINGS:
-        raise ValueError(f"unknown ORT spin setting {setting!r}; use {', '.join(SPIN_SETTINGS)}")
+    if setting not in ORT_SPIN_SETTINGS:
+        raise ValueError(f"unknown ORT spin setting {setting!r}; "
+                         f"use {', '.join(ORT_SPIN_SETTINGS)}")
     if setting == "auto":
         return workers_on_host == 1
     return setting == "on"
@@ -69,10 +68,9 @@ def session_options(threads: int = 0, spin: bool = False) -> ort.SessionOptions:
     if threads > 0:
         so.intra_op_num_threads = threads
     so.log_severity_level = 3  # errors only: keep service logs readable
-    # Off by default: idle intra-op threads would spin-wait after each run, stealing the
-    # cores the router, NATS and the other stages need on a small machine (see spin_for).
-    # Measurements (prepare, profiler) keep it off: they alternate between sessions, whose
-    # separate pools would spin against each other.
+    # Off by default: threads spin-waiting between operators steal the cores the router,
+    # NATS and other stages need on a small machine (see spin_for). Measurements (prepare,
+    # profiler) keep it off: they alternate between sessions, whose pools would contend.
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     # Spinning stops the moment a run returns (else the pool spins on into the idle time
     # between requests, burning the cores the answer's path needs), and resumes at the next.
@@ -344,9 +342,9 @@ class StageRuntime:
         try:
             with tempfile.TemporaryDirectory(prefix="offramp-taps-") as tmp:
                 # Loaded from a file the two parts are written to: joining them in memory
-                # and handing the runtime bytes both hold the GIL (about 0.1 s for MiniLM's
-                # 90 MB, stalling the worker's event loop); file writes and a load from a
-                # path do not.
+                # and handing the runtime bytes both hold the GIL (a thread of the worker
+                # waited up to 0.25 s per MiniLM build); file writes and a load from a path
+                # do not.
                 path = Path(tmp) / "tapped.onnx"
                 with open(path, "wb") as f:
                     f.write(stage.data)

@@ -300,8 +300,8 @@ class Worker:
         last_beat = time.monotonic()
         host, pid = socket.gethostname(), os.getpid()
         while not stop.is_set():
-            gap_ms = (time.monotonic() - last_beat) * 1e3
-            last_beat = time.monotonic()
+            now = time.monotonic()
+            gap_ms, last_beat = (now - last_beat) * 1e3, now
             if gap_ms > 2 * self.cfg.heartbeat_ms:  # the router declares loss at 3 periods
                 self.log.warning("heartbeat late %s", logs.kv(
                     gap_ms=round(gap_ms), busy=self.busy, queued=self.queue.qsize(),
@@ -312,7 +312,6 @@ class Worker:
                 last_block=self.plan.last_block, capacity=self.cfg.worker_credit, pid=pid, host=host,
                 busy=self.busy, queued=self.queue.qsize(), batches=self.batches,
                 config_version=self.config.version, t=time.time()))
-            now = time.monotonic()
             if self.store is not None and now - last_store > STORE_HEARTBEAT_S:
                 last_store = now
                 spawn(asyncio.to_thread(self._store_heartbeat, host, pid, "up"), self.tasks, self.log)

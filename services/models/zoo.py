@@ -12,7 +12,7 @@ import numpy as np
 
 from services.models.manifest import TensorSpec
 
-RECIPE_VERSION = "7"  # bump when preparation changes in a way that alters artifacts
+RECIPE_VERSION = "8"  # bump when preparation changes in a way that alters artifacts
 
 # (inputs by name, group ids): groups keep held-out data honest (e.g. unseen scenes).
 Batches = Iterator[tuple[dict[str, np.ndarray], np.ndarray]]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from services.tuner.controller import Decision, ExitController
-from services.tuner.thresholds import evaluate, meets
+from services.tuner.thresholds import evaluate, meets, tune
 from services.tuner.window import ExitWindow, LatencyProfile
 
 # 4 sites of a 10 ms model; a ramp costs 0.05 ms (budget 2% = 0.2 ms: up to 4 ramps)
@@ -47,6 +47,20 @@ def test_alert_tune_meets_the_constraint_on_the_bad_window() -> None:
     assert c.thresholds == d.thresholds and c.counts["alerts"] == 1
     # ramp 1 answered the wrong samples (score 0.05): backed off to 0.25 x 0.05
     assert d.thresholds[0] <= 0.25 * 0.05 + 1e-12 and "backed off" in d.reason
+
+
+def test_an_alert_never_raises_a_threshold() -> None:
+    # Ramp 1 is cautious (0.01) and never answers wrongly here; ramp 2 (0.5) does. Tuned from
+    # zero on this feedback ramp 1 alone would go up to just below the wrong scores (0.05),
+    # but an alert says the deployed config is too eager: its re-tune only lowers (raising
+    # is the slack tune's job, once enough feedback holds every active ramp).
+    c = ctl(thresholds=(0.01, 0.5))
+    c.observe(batch((1, 2), 16, seed=3))
+    d = c.observe(batch((1, 2), 16, seed=1, wrong=0.25))
+    assert [x.trigger for x in d] == ["alert"] and d[0].changed
+    assert all(new <= old for new, old in zip(d[0].thresholds, (0.01, 0.5)))
+    assert "no threshold raised" in d[0].reason
+    assert tune(c.recent(c.tune_window), PROFILE, c.tune_constraint).thresholds[0] > 0.01
 
 
 def test_tunes_keep_headroom_below_the_constraint() -> None:

@@ -43,6 +43,12 @@ def test_layout_follows_manifest(tiny_models):
     # least its head (the split there comes on top).
     assert m.meta["range_ms"] > 0
     assert all(r.prefix_ms > 0 and r.serve_ms >= r.cost_ms for r in m.ramps)
+    from services.models import tap_library
+
+    if tap_library.load() is not None:  # tapped: one measured extra, shared by head cost
+        big = max(m.ramps, key=lambda r: r.cost_ms)
+        scale = big.serve_ms / big.cost_ms
+        assert all(abs(r.serve_ms - r.cost_ms * scale) <= 1.01e-4 for r in m.ramps)
     assert m.verify(d) == []
     assert not list(tiny_models.glob(".tiny.tmp-*"))  # temp folder is gone
 

@@ -325,7 +325,10 @@ class ExitController:
         low = tuple(min(a, b) for a, b in zip(th, short))
         if meets(evaluate(aw, self.profile, low), self.constraint):
             return low, how + ", capped by the alert window's tune"
-        return short, f"tuned on the {aw.n_samples}-sample alert window"
+        short = tuple(min(a, b) for a, b in zip(short, self.thresholds))  # never raised
+        if meets(evaluate(aw, self.profile, short), self.constraint):
+            return short, f"tuned on the {aw.n_samples}-sample alert window"
+        return (0.0,) * len(th), "nothing safe on the alert window: no exits until re-tuned"
 
     def _back_off(self, aw: ExitWindow, old: tuple[float, ...], th: tuple[float, ...],
                   how: str) -> tuple[tuple[float, ...], str]:

@@ -63,6 +63,23 @@ def test_an_alert_never_raises_a_threshold() -> None:
     assert tune(c.recent(c.tune_window), PROFILE, c.tune_constraint).thresholds[0] > 0.01
 
 
+def test_no_alert_raises_a_threshold_on_varied_feedback() -> None:
+    reasons = []
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        c = ctl(thresholds=tuple(rng.uniform(0.0, 0.6, 2)), tune_window=int(rng.integers(16, 64)))
+        for k in range(6):
+            before = c.thresholds
+            for d in c.observe(batch((1, 2), int(rng.integers(4, 24)), seed=100 * seed + k,
+                                     wrong=float(rng.uniform(0, 0.4)),
+                                     wrong_score=float(rng.uniform(0.01, 0.3)))):
+                if d.trigger == "alert":
+                    assert all(n <= o for n, o in zip(d.thresholds, before)), d.reason
+                    reasons.append(d.reason)
+                before = c.thresholds
+    assert len(reasons) > 20 and any("capped by the alert window" in r for r in reasons)
+
+
 def test_tunes_keep_headroom_below_the_constraint() -> None:
     assert ctl().tune_constraint == 0.005  # half the 1% constraint by default
     w = batch((1, 2), 400, seed=13, wrong=0.02, wrong_score=0.05)

@@ -13,7 +13,8 @@ per trigger (the work; the simulator times each step on its own).
   With 16 samples and 1%, one disagreement already dooms the window, so the alert fires at
   that sample instead of up to 15 samples later. Thresholds are then re-tuned from 0
   (``tune()``) on the newest ``tune_window`` samples, must also meet the constraint on the
-  alert window (else the element-wise min with that window's own tune, else that tune), and
+  alert window (else the element-wise min with that window's own tune, else that tune capped
+  at the deployed thresholds, else no exits), and
   every ramp that answered wrongly there is capped at ``backoff`` x its wrong score: the next
   frames of the scene that broke it score alike, and re-tuning "just below" the failure
   failed again at the next frame (chains of 5-10 alerts per scene in the simulator). An

@@ -154,10 +154,10 @@ def _ramp_table(manifest, report: dict) -> str:
                      f"{100 * (r.get('serve_share_unsplit') or 0):>6.2f}%")
     lines.append("  (cost: the ramp head, fused into its block; % blocks: of the chained blocks at "
                  "batch 1; % unsplit: of the unsplit model at batch 1; % @b16: the same at batch "
-                 "16; serve: what activating the ramp adds to a worker's stage at batch 1 - its share "
-                 "of what every tapped head adds to the one tapped call, in proportion to its "
-                 "cost, or the split there plus the head where taps are unavailable - and its "
-                 "share of the unsplit model)")
+                 "16; serve: what activating the ramp adds to a worker's stage at batch 1 - "
+                 "its share of what every tapped head adds to the one tapped call, in proportion "
+                 "to its cost, or the split there plus the head where taps are unavailable - "
+                 "and its share of the unsplit model)")
     return "\n".join(lines)
 
 

@@ -50,10 +50,11 @@ def spin_for(setting: str, workers_on_host: int | None) -> bool:
     """Whether a worker's intra-op threads spin-wait between operators (``OFFRAMP_ORT_SPIN``).
 
     Spinning saves the wake-up of a sleeping thread at every parallel operator: on a 2-core
-    machine it cut a lone MiniLM worker's closed-loop median from 14.4 to 10.0 ms. But a spinning pool steals the
-    cores other compute processes need (two split stages on 2 cores lost a third of their
-    throughput), so ``auto`` spins only when this worker is the host's only one, which the
-    supervisor knows (``workers_on_host``); a worker started on its own (compose) does not."""
+    machine it cut a lone MiniLM worker's closed-loop median from 14.4 to 10.0 ms. But a
+    spinning pool steals the cores other compute processes need (two split stages on 2 cores
+    lost a third of their throughput), so ``auto`` spins only when this worker is the host's
+    only one, which the supervisor knows (``workers_on_host``); a worker started on its own
+    (compose) does not."""
     if setting not in ORT_SPIN_SETTINGS:
         raise ValueError(f"unknown ORT spin setting {setting!r}; "
                          f"use {', '.join(ORT_SPIN_SETTINGS)}")

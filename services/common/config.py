@@ -38,7 +38,7 @@ class Config:
     ramp_budget: float = 0.02
     adapt: bool = False
     nats_procs: int = 0
-    ort_spin: str = "auto"
+    ort_spin: str = "off"
     extra: dict[str, str] = field(default_factory=dict)
 
     def as_env(self) -> dict[str, str]:
@@ -88,7 +88,7 @@ DOCUMENTED = [
     ("OFFRAMP_REQUEST_TIMEOUT_S", "5", "client-side timeout of CLI requests"),
     ("OFFRAMP_DEVICE", "auto", "auto | cpu | cuda: ONNX Runtime execution provider"),
     ("OFFRAMP_ORT_THREADS", "0", "ONNX Runtime intra-op threads (0 = runtime default)"),
-    ("OFFRAMP_ORT_SPIN", "auto", "auto | on | off: a worker's intra-op threads spin-wait between operators (auto: on when `offramp up` runs one worker on the host, else off)"),
+    ("OFFRAMP_ORT_SPIN", "off", "off | auto | on: a worker's intra-op threads spin-wait between operators in runs without active ramps (auto: on when `offramp up` runs one worker on the host, else off); runs with active ramps never spin"),
     ("OFFRAMP_ACCURACY_LOSS", "0.01", "accuracy constraint: largest allowed loss of agreement with the final model"),
     ("OFFRAMP_RAMP_BUDGET", "0.02", "worst-case latency the active ramps may add (their measured serving cost), as a share of the model's"),
     ("OFFRAMP_ADAPT", "0", "1: `offramp up` also runs the tuner (continual exit adaptation)"),
@@ -136,7 +136,7 @@ def _load() -> Config:
         ramp_budget=float(_env("OFFRAMP_RAMP_BUDGET", "0.02")),
         adapt=_env("OFFRAMP_ADAPT", "0").lower() in ("1", "true", "yes", "on"),
         nats_procs=int(_env("OFFRAMP_NATS_PROCS", "0")),
-        ort_spin=_choice("OFFRAMP_ORT_SPIN", "auto", ORT_SPIN_SETTINGS),
+        ort_spin=_choice("OFFRAMP_ORT_SPIN", "off", ORT_SPIN_SETTINGS),
     )
 
 

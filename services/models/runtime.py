@@ -47,14 +47,17 @@ def pick_providers(device: str = "auto") -> list[str]:
 
 
 def spin_for(setting: str, workers_on_host: int | None) -> bool:
-    """Whether a worker's intra-op threads spin-wait between operators (``OFFRAMP_ORT_SPIN``).
+    """Whether a worker's intra-op threads spin-wait between operators (``OFFRAMP_ORT_SPIN``,
+    default ``off``); only the stage's run without ramps ever spins (``StageRuntime``).
 
     Spinning saves the wake-up of a sleeping thread at every parallel operator: on a 2-core
-    machine it cut a lone MiniLM worker's closed-loop median from 14.4 to 10.0 ms. But a
-    spinning pool steals the cores other compute processes need (two split stages on 2 cores
-    lost a third of their throughput), so ``auto`` spins only when this worker is the host's
-    only one, which the supervisor knows (``workers_on_host``); a worker started on its own
-    (compose) does not."""
+    machine it cut a lone MiniLM worker's closed-loop median (one request at a time) from
+    14.4 to 10.0 ms. Under open-loop arrivals it did not pay: requests arriving mid-run need
+    the cores for their transport (vanilla p50 on EfficientNet 14.1-15.5 ms off, 14.1-18.5 on;
+    MiniLM equal; p95 lower off for both), and a spinning pool steals the cores other compute
+    processes need (two split stages on 2 cores lost a third of their throughput). ``auto``
+    spins only when this worker is the host's only one, which the supervisor knows
+    (``workers_on_host``); a worker started on its own (compose) does not."""
     if setting not in ORT_SPIN_SETTINGS:
         raise ValueError(f"unknown ORT spin setting {setting!r}; "
                          f"use {', '.join(ORT_SPIN_SETTINGS)}")
@@ -141,13 +144,22 @@ class StageRuntime:
         self.first_block = first_block
         self.last_block = last_block
         so = session_options(threads, spin)
+        # A run with active ramps answers mid-way (latency mode): its early results must
+        # leave through the event loop, NATS and the client while the rest of the stage
+        # computes, and a spinning pool takes the cores they need (a one-off probe on this
+        # 2-core VM: every frame answering at EfficientNet ramp 2 took 12.0 ms end to end
+        # with spinning, 8.0 ms without). So only the session of the whole stage without
+        # ramps spins (when ``spin``); split ranges, heads and tapped stages never do.
+        quiet = session_options(threads, False)
         wanted = pick_providers(device)
 
-        def load(file: str) -> ort.InferenceSession:
-            return ort.InferenceSession(str(self.model_dir / file), so, providers=wanted)
+        def load(file: str, opts: ort.SessionOptions) -> ort.InferenceSession:
+            return ort.InferenceSession(str(self.model_dir / file), opts, providers=wanted)
 
-        self._blocks = {b.index: load(b.file) for b in manifest.blocks[first_block:last_block]}
-        self._so, self._providers = so, wanted
+        single = last_block - first_block == 1  # its one block is the whole stage
+        self._blocks = {b.index: load(b.file, so if single else quiet)
+                        for b in manifest.blocks[first_block:last_block]}
+        self._so, self._quiet, self._providers = so, quiet, wanted
         self._out_device = "cuda" if wanted[0] == CUDA else "cpu"
         self._merged: dict[tuple[int, int], ort.InferenceSession] = {}
         # At most TAPPED_SESSIONS_KEPT, the least recently used out: each holds its own copy
@@ -164,7 +176,7 @@ class StageRuntime:
         self.tap_notes: list[str] = []  # why a set of ramps splits instead (for logs)
         self._merge_lock = threading.Lock()
         self.ramps = manifest.ramps_in(first_block, last_block)
-        self._ramps = {r.index: load(r.file) for r in self.ramps}
+        self._ramps = {r.index: load(r.file, quiet) for r in self.ramps}
         self._in_dtypes = {t.name: np.dtype(t.dtype) for t in manifest.inputs}
         first = next(iter(self._blocks.values()))
         self.providers: list[str] = list(first.get_providers())
@@ -334,7 +346,7 @@ class StageRuntime:
             self.tap_notes.append(f"ramps {list(ramps)} cannot be tapped ({exc}): split")
             return None
 
-        so = session_options(self.threads, self.spin)
+        so = session_options(self.threads, False)  # answers mid-run: never spins
         so.register_custom_ops_library(lib.path)
         later = {}
         for r in ramps:  # nodes only after the site (free nodes repeat in every block)
@@ -411,9 +423,10 @@ class StageRuntime:
         if key not in self._merged:
             with self._merge_lock:
                 if key not in self._merged:
+                    whole = key == (self.first_block, self.last_block, None)
                     self._merged[key] = ort.InferenceSession(
-                        self._assemble(start, end, ramp).SerializeToString(), self._so,
-                        providers=self._providers)
+                        self._assemble(start, end, ramp).SerializeToString(),
+                        self._so if whole else self._quiet, providers=self._providers)
         return self._merged[key]
 
     def _assemble(self, start: int, end: int, ramp: int | None):

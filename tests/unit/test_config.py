@@ -7,10 +7,11 @@ from services.common import config as config_mod
 from services.common.supervisor import Deployment, Supervisor
 
 
-def test_ort_spin_defaults_to_auto_and_reaches_child_services(monkeypatch):
+def test_ort_spin_defaults_to_off_and_reaches_child_services(monkeypatch):
     monkeypatch.delenv("OFFRAMP_ORT_SPIN", raising=False)
     cfg = config_mod.load()
-    assert cfg.ort_spin == "auto"
+    assert cfg.ort_spin == "off"  # open-loop serving: spinning never helped (runtime.spin_for)
+    assert Supervisor(cfg, Deployment(("m",))).ort_spin() == "off"
     monkeypatch.setenv("OFFRAMP_ORT_SPIN", "ON")
     assert config_mod.load().as_env()["OFFRAMP_ORT_SPIN"] == "on"
 

@@ -116,3 +116,24 @@ def test_session_options_carry_the_spin_setting():
     # spinning never outlives a run: no cores burnt between requests
     assert runtime.session_options(0, spin=True).get_session_config_entry(
         "session.force_spinning_stop") == "1"
+
+
+def test_only_the_stage_without_ramps_spins(tiny_dir):
+    """A run with active ramps answers mid-way; a spinning pool would take the cores its
+    early answers need to leave (runtime.StageRuntime), so only the plain stage spins."""
+    m = Manifest.load(tiny_dir)
+    rt = StageRuntime(tiny_dir, m, 0, m.num_blocks, device="cpu", spin=True)
+    entry = "session.intra_op.allow_spinning"
+
+    def spins(sess) -> str:
+        return sess.get_session_options().get_session_config_entry(entry)
+
+    assert spins(rt.merged(0, m.num_blocks)) == "1"
+    assert spins(rt.merged(0, 2, 1)) == "0"
+    assert spins(rt.merged(2, m.num_blocks)) == "0"
+    assert spins(rt._blocks[0]) == "0" and spins(rt._ramps[1]) == "0"
+    tapped = rt.tapped((1,))
+    assert tapped is not None  # the tap library builds on this machine (gcc in the setup)
+    assert spins(tapped) == "0"
+    off = StageRuntime(tiny_dir, m, 0, m.num_blocks, device="cpu", spin=False)
+    assert spins(off.merged(0, m.num_blocks)) == "0"

@@ -53,11 +53,11 @@ def spin_for(setting: str, workers_on_host: int | None) -> bool:
     Spinning saves the wake-up of a sleeping thread at every parallel operator: on a 2-core
     machine it cut a lone MiniLM worker's closed-loop median (one request at a time) from
     14.4 to 10.0 ms. Under open-loop arrivals it did not pay: requests arriving mid-run need
-    the cores for their transport (vanilla p50 on EfficientNet 14.1-15.5 ms off, 14.1-18.5 on;
-    MiniLM equal; p95 lower off for both), and a spinning pool steals the cores other compute
-    processes need (two split stages on 2 cores lost a third of their throughput). ``auto``
-    spins only when this worker is the host's only one, which the supervisor knows
-    (``workers_on_host``); a worker started on its own (compose) does not."""
+    the cores for their transport (one-off probes, vanilla p50 on EfficientNet 14.1-15.5 ms
+    off, 14.1-18.5 on; MiniLM equal; p95 lower off for both), and a spinning pool steals the
+    cores other compute processes need (two split stages on 2 cores lost a third of their
+    throughput). ``auto`` spins only when this worker is the host's only one, which the
+    supervisor knows (``workers_on_host``); a worker started on its own (compose) does not."""
     if setting not in ORT_SPIN_SETTINGS:
         raise ValueError(f"unknown ORT spin setting {setting!r}; "
                          f"use {', '.join(ORT_SPIN_SETTINGS)}")
@@ -172,7 +172,6 @@ class StageRuntime:
         self._inputs: dict[ort.InferenceSession, list[str]] = {}
         self.use_taps = use_taps
         self.threads = threads
-        self.spin = spin
         self.tap_notes: list[str] = []  # why a set of ramps splits instead (for logs)
         self._merge_lock = threading.Lock()
         self.ramps = manifest.ramps_in(first_block, last_block)

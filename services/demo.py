@@ -86,10 +86,10 @@ def demo_inputs(cfg, model: str, n: int, scenes: tuple[int, int] | None = None
         from services.models.manifest import Manifest
         from services.models.workloads import image_input, iter_video_frames
 
-        name, size = image_input(Manifest.load(cfg.models_dir / model).inputs)
+        name, size, dtype = image_input(Manifest.load(cfg.models_dir / model).inputs)
         frames = [f for f, _ in iter_video_frames(n, seed=1, size=size, min_scene=scenes[0],
-                                                  max_scene=scenes[1])]
-        batch = {name: np.concatenate(frames) if frames else np.zeros([0, 3, size, size])}
+                                                  max_scene=scenes[1], dtype=dtype)]
+        batch = {name: np.concatenate(frames) if frames else np.zeros([0, 3, size, size], dtype)}
     return [{k: v[i] for k, v in batch.items()} for i in range(n)]
 
 

@@ -20,6 +20,11 @@ CPU = "CPUExecutionProvider"
 # Tapped sessions a stage keeps: enough for the tuner's trials to come back to the sets it
 # just left (add a ramp, drop it, re-tune) without a rebuild, bounded in memory.
 TAPPED_SESSIONS_KEPT = 8
+# ONNX Runtime's input type names -> numpy dtypes (inputs of other types get float32).
+ORT_DTYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64,
+              "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+              "tensor(int32)": np.int32, "tensor(uint8)": np.uint8, "tensor(int8)": np.int8,
+              "tensor(bool)": np.bool_}
 _UNBUILT = object()
 
 
@@ -396,9 +401,7 @@ class StageRuntime:
         for i in sess.get_inputs():
             shape = [d if isinstance(d, int) and d > 0 else (1 if k == 0 else 8)
                      for k, d in enumerate(i.shape)]
-            dtype = np.int64 if "int64" in i.type else np.int32 if "int32" in i.type \
-                else np.float32
-            out[i.name] = np.ones(shape, dtype=dtype)
+            out[i.name] = np.ones(shape, dtype=ORT_DTYPES.get(i.type, np.float32))
         return out
 
     def run_tapped(self, sess: ort.InferenceSession, x, model_inputs, plan, exit_at: np.ndarray,

@@ -22,7 +22,8 @@ KINDS = ("video", "text")
 
 @dataclass(frozen=True)
 class VideoFrame:
-    """One video request: a normalised float32 (3, size, size) frame and its scene id."""
+    """One video request: a (3, size, size) frame (float32 normalised, or uint8 pixels)
+    and its scene id."""
 
     index: int
     frame: np.ndarray
@@ -64,12 +65,13 @@ class Stream:
         return len(self) / self.duration_s if self.duration_s > 0 else 0.0
 
 
-def _video_source(n: int, seed: int, size: int, chunk: int) -> Callable[[], Iterator[VideoFrame]]:
+def _video_source(n: int, seed: int, size: int, chunk: int, dtype: str
+                  ) -> Callable[[], Iterator[VideoFrame]]:
     def frames() -> Iterator[VideoFrame]:
         from services.models.workloads import iter_video_frames
 
         i = 0
-        for block, scenes in iter_video_frames(n, seed, size, chunk):
+        for block, scenes in iter_video_frames(n, seed, size, chunk, dtype=dtype):
             for frame, scene in zip(block, scenes.tolist()):
                 yield VideoFrame(i, frame, scene)
                 i += 1
@@ -88,11 +90,13 @@ def make_stream(
     corpus: Any = None,
     mean_run: float = 8.0,
     drift: float = 0.6,
+    dtype: str = "float32",
 ) -> Stream:
     """A ``kind`` ("video" or "text") stream of n items arriving per ``arrivals_spec``.
 
     Items and arrival times use independent generators derived from ``seed``, so
-    changing the arrival process leaves the inputs unchanged. For text, ``corpus``
+    changing the arrival process leaves the inputs unchanged. Video frames come as
+    ``dtype`` ("float32" normalised or "uint8" pixels). For text, ``corpus``
     defaults to :func:`text_corpus.load_corpus` (downloads Debian's fortunes once).
     """
     if kind not in KINDS:
@@ -105,8 +109,8 @@ def make_stream(
     meta: dict[str, Any] = {"arrivals": spec_text, "n": n}
     source: Sequence[Any] | Callable[[], Iterator[Any]]
     if kind == "video":
-        source = _video_source(n, seed, size, chunk)
-        meta.update(size=size)
+        source = _video_source(n, seed, size, chunk, dtype)
+        meta.update(size=size, dtype=dtype)
     else:
         from services.models import text_corpus, text_streams
 

@@ -110,14 +110,21 @@ def parse_scene_frames(text: str) -> tuple[int, int]:
     return lo, hi
 
 
-def image_input(inputs: list) -> tuple[str, int]:
-    """(name, S) of a model's only input when it is one 3 x S x S image (manifest tensor
-    specs), the kind these video streams feed; ValueError otherwise."""
+PIXEL_DTYPES = ("float32", "uint8")  # normalised floats, or the 8-bit pixels cameras give
+
+
+def image_input(inputs: list) -> tuple[str, int, str]:
+    """(name, S, dtype) of a model's only input when it is one 3 x S x S image of float32
+    or uint8 (manifest tensor specs), the kind these video streams feed; ValueError
+    otherwise."""
     shape = list(inputs[0].shape) if len(inputs) == 1 else []
-    if len(shape) != 3 or shape[0] != 3 or shape[1] != shape[2] or shape[1] <= 0:
-        raise ValueError(f"video frames feed one 3 x S x S image input; the model takes "
-                         f"{[(t.name, t.shape) for t in inputs]}")
-    return inputs[0].name, shape[1]
+    dtype = np.dtype(inputs[0].dtype).name if len(inputs) == 1 else ""
+    if len(shape) != 3 or shape[0] != 3 or shape[1] != shape[2] or shape[1] <= 0 \
+            or dtype not in PIXEL_DTYPES:
+        raise ValueError(f"video frames feed one 3 x S x S image input of "
+                         f"{' or '.join(PIXEL_DTYPES)}; the model takes "
+                         f"{[(t.name, t.dtype, t.shape) for t in inputs]}")
+    return inputs[0].name, shape[1], dtype
 
 
 def plan(n: int, seed: int = 0, min_scene: int = SCENE_FRAMES[0],
@@ -173,12 +180,24 @@ def _render(img: np.ndarray, cy: float, cx: float, zoom: float, size: int) -> np
     return rows[:, xi] * (1 - wx) + rows[:, xi + 1] * wx
 
 
+def _encode(frame: np.ndarray, dtype: str) -> np.ndarray:
+    """An H x W x 3 frame in [0, 1] as the model's 3 x H x W input: 8-bit pixels, or
+    normalised floats ((x - MEAN) / STD)."""
+    if dtype == "uint8":
+        return np.rint(frame * 255.0).astype(np.uint8).transpose(2, 0, 1)
+    if dtype == "float32":
+        return ((frame - MEAN) / STD).astype(np.float32).transpose(2, 0, 1)
+    raise ValueError(f"frames come as {' or '.join(PIXEL_DTYPES)}, not {dtype!r}")
+
+
 def iter_video_frames(
     n: int, seed: int = 0, size: int = 224, chunk: int = 64, min_scene: int = SCENE_FRAMES[0],
-    max_scene: int = SCENE_FRAMES[1],
+    max_scene: int = SCENE_FRAMES[1], dtype: str = "float32",
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yield (frames float32 (k,3,size,size) normalised, scene_ids int64 (k,)) chunks.
-    Scenes last ``min_scene``..``max_scene`` frames (a fixed camera lasts much longer)."""
+    """Yield (frames (k,3,size,size), scene_ids int64 (k,)) chunks. Frames are float32
+    normalised, or with ``dtype="uint8"`` 8-bit pixels. Scenes last ``min_scene``..
+    ``max_scene`` frames (a fixed camera lasts much longer)."""
+    _encode(np.zeros((1, 1, 3), np.float32), dtype)  # a bad dtype fails before any work
     p = plan(n, seed, min_scene, max_scene)
     imgs = photos()
     # Sensor noise from a small bank indexed by frame number: cheap, and chunking
@@ -187,37 +206,36 @@ def iter_video_frames(
     bank *= 0.01
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
-        out = np.empty((stop - start, 3, size, size), np.float32)
+        out = np.empty((stop - start, 3, size, size), dtype)
         for j, i in enumerate(range(start, stop)):
             frame = _render(imgs[p.photo[i]][1], p.cy[i], p.cx[i], p.zoom[i], size)
             if p.flip[i]:
                 frame = frame[:, ::-1]
             frame = np.clip(frame * np.float32(p.gain[i]) + bank[i % len(bank)], 0.0, 1.0)
-            out[j] = ((frame - MEAN) / STD).transpose(2, 0, 1)
+            out[j] = _encode(frame, dtype)
         yield out, p.scene[start:stop].copy()
 
 
 def video_frames(
-    n: int, seed: int = 0, size: int = 224, return_scenes: bool = False
+    n: int, seed: int = 0, size: int = 224, return_scenes: bool = False, dtype: str = "float32"
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-    """n frames (float32 (n,3,size,size), normalised for EfficientNet-Lite).
+    """n frames ((n,3,size,size): float32 normalised, or uint8 pixels).
 
     With ``return_scenes`` also the int64 scene id of every frame. Keep n modest:
-    4000 frames at 224 px are 2.4 GB; use :func:`iter_video_frames` for long streams.
+    4000 float frames at 224 px are 2.4 GB; use :func:`iter_video_frames` for long streams.
     """
     frames, scenes = [], []
-    for f, s in iter_video_frames(n, seed, size):
+    for f, s in iter_video_frames(n, seed, size, dtype=dtype):
         frames.append(f)
         scenes.append(s)
-    x = np.concatenate(frames) if frames else np.zeros((0, 3, size, size), np.float32)
+    x = np.concatenate(frames) if frames else np.zeros((0, 3, size, size), dtype)
     sid = np.concatenate(scenes) if scenes else np.zeros(0, np.int64)
     return (x, sid) if return_scenes else x
 
 
-def photo_frame(name: str, size: int = 224) -> np.ndarray:
+def photo_frame(name: str, size: int = 224, dtype: str = "float32") -> np.ndarray:
     """One centred, unzoomed frame (3,size,size) of a named photo, e.g. for sanity checks."""
     for pname, img in photos():
         if pname == name:
-            frame = _render(img, 0.5, 0.5, 1.0, size)
-            return ((frame - MEAN) / STD).transpose(2, 0, 1).astype(np.float32)
+            return _encode(np.clip(_render(img, 0.5, 0.5, 1.0, size), 0.0, 1.0), dtype)
     raise KeyError(f"photo {name!r} is not available")

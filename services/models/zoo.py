@@ -52,19 +52,19 @@ def _effnet_build() -> Built:
 
     model = eff.load_model()
     shape = (1, 3, eff.IMAGE_SIZE, eff.IMAGE_SIZE)
-    return Built(model, {"image": torch.zeros(shape)})
+    return Built(model, {"image": torch.zeros(shape, dtype=torch.uint8)})
 
 
 def _effnet_sample(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     from services.models.workloads import video_frames
 
-    return {"image": video_frames(n, seed=seed)}
+    return {"image": video_frames(n, seed=seed, dtype="uint8")}
 
 
 def _effnet_bootstrap(n: int, seed: int) -> Batches:
     from services.models.workloads import iter_video_frames
 
-    for frames, scenes in iter_video_frames(n, seed=seed, chunk=32):
+    for frames, scenes in iter_video_frames(n, seed=seed, chunk=32, dtype="uint8"):
         yield {"image": frames}, scenes
 
 
@@ -185,15 +185,15 @@ _FACTORIES: dict[str, Callable[[], ModelSpec]] = {
     "efficientnet-lite0": lambda: ModelSpec(
         name="efficientnet-lite0",
         kind="classifier",
-        description="EfficientNet-Lite0, ImageNet-1k, 4.65 M params",
-        inputs=(TensorSpec("image", "<f4", [3, 224, 224]),),
+        description="EfficientNet-Lite0, ImageNet-1k, 4.65 M params, uint8 RGB pixels",
+        inputs=(TensorSpec("image", "|u1", [3, 224, 224]),),
         outputs=(TensorSpec("logits", "<f4", [1000]),),
         classes=1000,
         build=_effnet_build,
         sample_inputs=_effnet_sample,
         bootstrap=_effnet_bootstrap,
         bootstrap_n=4000,
-        recipe="gap_fc;video-frames",
+        recipe="gap_fc;video-frames;uint8-pixels",
     ),
     "tiny": lambda: ModelSpec(
         name="tiny",

@@ -70,11 +70,12 @@ def _video_inputs(n: int, seed: int, inputs: list, scenes: tuple[int, int]
                   ) -> Iterator[dict[str, np.ndarray]]:
     from services.models.workloads import image_input, iter_video_frames
 
-    name, size = image_input(inputs)  # raises before the first frame, not lazily
+    name, size, dtype = image_input(inputs)  # raises before the first frame, not lazily
 
     def frames() -> Iterator[dict[str, np.ndarray]]:
         for block, _ in iter_video_frames(n, seed=seed, size=size, chunk=CHUNK,
-                                          min_scene=scenes[0], max_scene=scenes[1]):
+                                          min_scene=scenes[0], max_scene=scenes[1],
+                                          dtype=dtype):
             yield {name: block}
 
     return frames()

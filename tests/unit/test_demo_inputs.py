@@ -16,15 +16,16 @@ def test_default_stream_is_the_models_sample_inputs(models_dir):
     cfg = SimpleNamespace(models_dir=models_dir)
     got = demo_inputs(cfg, "efficientnet-lite0", 5)
     assert len(got) == 5 and set(got[0]) == {"image"}
-    assert np.array_equal(np.stack([g["image"] for g in got]), video_frames(5, seed=1))
+    assert np.array_equal(np.stack([g["image"] for g in got]), video_frames(5, seed=1, dtype="uint8"))
 
 
 def test_scene_frames_shape_the_video_stream(models_dir):
     cfg = SimpleNamespace(models_dir=models_dir)
     same = demo_inputs(cfg, "efficientnet-lite0", 6, (16, 120))  # the default scene lengths
-    assert np.array_equal(np.stack([g["image"] for g in same]), video_frames(6, seed=1))
+    assert np.array_equal(np.stack([g["image"] for g in same]), video_frames(6, seed=1, dtype="uint8"))
     x = np.stack([g["image"] for g in demo_inputs(cfg, "efficientnet-lite0", 12, (4, 4))])
-    assert x.shape == (12, 3, 224, 224)
+    assert x.shape == (12, 3, 224, 224) and x.dtype == np.uint8
+    x = x.astype(np.float32)  # differences of pixels, not modulo 256
     step = np.abs(np.diff(x, axis=0)).mean(axis=(1, 2, 3))
     cuts = np.zeros(11, bool)
     cuts[[3, 7]] = True                          # frames 4 and 8 start new scenes

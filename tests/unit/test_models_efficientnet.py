@@ -21,7 +21,7 @@ def model():
 
 @pytest.fixture(scope="session")
 def frames():
-    return np.stack([photo_frame("chelsea"), photo_frame("coffee")])
+    return np.stack([photo_frame("chelsea", dtype="uint8"), photo_frame("coffee", dtype="uint8")])
 
 
 @pytest.fixture(scope="session")
@@ -42,12 +42,25 @@ def test_real_photos_are_recognised(model, frames):
     assert top1[1] == 967  # coffee: espresso
 
 
+def test_pixels_are_normalised_in_the_graph(model, frames):
+    """uint8 pixels in, the package's network on (p / 255 - 0.5) / 0.5 inside: the same
+    logits as feeding that network the normalised float frame."""
+    assert frames.dtype == np.uint8
+    floats = torch.from_numpy(frames.astype(np.float32) / 127.5 - 1.0)
+    with torch.no_grad():
+        ours = model(torch.from_numpy(frames))
+        net = model.net
+        ref = net._fc(net._avg_pooling(net.extract_features(floats)).flatten(1))
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+
+
 def test_prepared_blocks_match_torch(prepared_dir, model, frames):
     from services.models.runtime import StageRuntime
 
     m = Manifest.load(prepared_dir)
     assert m.verify(prepared_dir) == []
     assert m.inputs[0].name == "image" and m.inputs[0].shape == [3, 224, 224]
+    assert m.inputs[0].dtype == "|u1"  # 8-bit pixels on the wire
     rt = StageRuntime(prepared_dir, m, 0, m.num_blocks, device="cpu")
     y, ramp_logits = rt.run_all({"image": frames})
     with torch.no_grad():

@@ -102,7 +102,7 @@ def test_sample_inputs():
     assert x["x"].shape == (5, 16) and x["x"].dtype == np.float32
     assert np.array_equal(x["x"], sample_inputs("tiny", 5, seed=2)["x"])
     img = sample_inputs("efficientnet-lite0", 2, seed=0)["image"]
-    assert img.shape == (2, 3, 224, 224) and img.dtype == np.float32
+    assert img.shape == (2, 3, 224, 224) and img.dtype == np.uint8  # 8-bit pixels
 
 
 def test_serving_profile_from_manifest(tiny_models):

@@ -40,6 +40,29 @@ def test_range_and_scene_structure():
     assert np.median(step[same]) < 0.5 * np.median(step[~same])
 
 
+def test_uint8_frames_are_the_float_frames_as_pixels():
+    f = video_frames(12, seed=2, size=40)
+    u = video_frames(12, seed=2, size=40, dtype="uint8")
+    assert u.dtype == np.uint8 and u.shape == f.shape
+    # Same frames: the pixels are the normalised floats mapped back to [0, 255] and rounded.
+    assert np.abs(u.astype(np.float32) - (f * 0.5 + 0.5) * 255).max() <= 0.5 + 1e-3
+    assert u.min() < 64 and u.max() > 192  # the whole 8-bit range is used
+    with pytest.raises(ValueError, match="float32 or uint8"):
+        next(iter_video_frames(2, size=8, dtype="float16"))
+
+
+def test_image_input_names_size_and_dtype():
+    from services.models.manifest import TensorSpec
+    from services.models.workloads import image_input
+
+    assert image_input([TensorSpec("image", "|u1", [3, 224, 224])]) == ("image", 224, "uint8")
+    assert image_input([TensorSpec("img", "<f4", [3, 32, 32])]) == ("img", 32, "float32")
+    for bad in ([TensorSpec("x", "<f4", [16])], [TensorSpec("image", "<i8", [3, 8, 8])],
+                [TensorSpec("a", "<f4", [3, 8, 8]), TensorSpec("b", "<f4", [3, 8, 8])]):
+        with pytest.raises(ValueError, match="3 x S x S"):
+            image_input(bad)
+
+
 def test_plan_uses_several_photos():
     p = plan(2000, seed=0)
     assert len(photos()) >= 10

@@ -188,6 +188,10 @@ def test_make_stream_video_is_lazy_and_repeatable() -> None:
     from services.models.workloads import video_frames
 
     assert np.allclose(np.stack([f for *_, f in first]), video_frames(6, seed=1, size=32))
+    pixels = make_stream("video", 6, seed=1, size=32, chunk=4, dtype="uint8")
+    assert pixels.meta["dtype"] == "uint8"
+    assert np.array_equal(np.stack([f.frame for f in pixels.items()]),
+                          video_frames(6, seed=1, size=32, dtype="uint8"))
 
 
 def test_real_fortunes_download(tmp_path: Path) -> None:

@@ -106,7 +106,8 @@ TENSORS = [
     np.zeros((0, 5), dtype="<f4"),
     np.linspace(-1, 1, 12, dtype="<f8").reshape(3, 4).T,   # non-contiguous: sent C-order
     np.arange(7, dtype="|u1"),                              # 16-byte payload: fixext 16
-    np.full((3, 224, 224), 0.25, dtype="<f4"),             # efficientnet-lite0 input
+    np.full((3, 224, 224), 0.25, dtype="<f4"),             # a float image (chain-cnn's kind)
+    np.full((3, 224, 224), 200, dtype="|u1"),              # efficientnet-lite0 input
 ]
 
 

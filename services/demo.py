@@ -17,7 +17,14 @@ import numpy as np
 
 from services.common import bus
 from services.common import config as config_mod
-from services.common.load import Progress, await_config, drive, drive_open, percentile
+from services.common.load import (
+    Progress,
+    attach_serving,
+    await_config,
+    drive,
+    drive_open,
+    percentile,
+)
 from services.common.supervisor import Deployment, Supervisor, prepare_state
 from services.models.arrivals import make_arrivals
 from services.models.workloads import parse_scene_frames
@@ -142,21 +149,27 @@ async def stream_live(cfg, url: str, model: str, inputs: list, arrival_s: np.nda
     wall = time.perf_counter() - t0
     await nc.close()
     ok = [o for o in outcomes if o.ok]
-    # The monitor writes exit profiles from telemetry: wait until they cover the stream.
+    # The monitor writes exit profiles and the router's request records from telemetry:
+    # wait until they cover the stream.
     store = Store(cfg.database_url)
-    agreement = None
+    agreement, served = None, 0
     for _ in range(50):
         rows = {r["ramp"]: r for r in store.exit_profile_summary(model, since)}
-        if -1 in rows and rows[-1]["samples"] >= len(ok):
+        if agreement is None and -1 in rows and rows[-1]["samples"] >= len(ok):
             agreement = rows[-1]["agreement"]
+        if served < len(ok):
+            served = attach_serving(outcomes, store.request_latencies(model, since))
+        if agreement is not None and served >= len(ok):
             break
         await asyncio.sleep(0.2)
     versions = sorted({o.config_version for o in ok})
     store.close()
     lat = [o.latency_ms for o in ok]
+    serving = [o.serving_ms for o in ok if o.serving_ms is not None]
     return {"requests": len(outcomes), "ok": len(ok), "errors": len(outcomes) - len(ok),
             "p25_ms": percentile(lat, 25), "p50_ms": percentile(lat, 50),
             "p95_ms": percentile(lat, 95),
+            "serving_p50_ms": percentile(serving, 50), "serving_p95_ms": percentile(serving, 95),
             "early_share": sum(o.early for o in ok) / len(ok) if ok else None,
             "agreement": agreement, "throughput_rps": len(outcomes) / wall,
             "config_versions": len(versions)}, outcomes
@@ -169,7 +182,7 @@ def _print_summary(s: dict) -> None:
     v, o = s["vanilla"], s["offramp"]
 
     def change(key):
-        if v[key] and o[key] is not None:
+        if v.get(key) and o.get(key) is not None:
             return f"{100 * (o[key] - v[key]) / v[key]:+.1f}%"
         return ""
 
@@ -177,6 +190,8 @@ def _print_summary(s: dict) -> None:
             ("p25 latency", f"{fmt(v['p25_ms'], '.1f')} ms", f"{fmt(o['p25_ms'], '.1f')} ms", change("p25_ms")),
             ("p50 latency", f"{fmt(v['p50_ms'], '.1f')} ms", f"{fmt(o['p50_ms'], '.1f')} ms", change("p50_ms")),
             ("p95 latency", f"{fmt(v['p95_ms'], '.1f')} ms", f"{fmt(o['p95_ms'], '.1f')} ms", change("p95_ms")),
+            ("p50 serving (router)", f"{fmt(v.get('serving_p50_ms'), '.1f')} ms",
+             f"{fmt(o.get('serving_p50_ms'), '.1f')} ms", change("serving_p50_ms")),
             ("early-exit share", fmt(v["early_share"], ".1%"), fmt(o["early_share"], ".1%"), ""),
             ("agreement with final model", fmt(v["agreement"], ".2%"), fmt(o["agreement"], ".2%"), ""),
             ("exit configs seen", str(v["config_versions"]), str(o["config_versions"]), ""),
@@ -190,7 +205,8 @@ def _print_summary(s: dict) -> None:
     for k, a, b, c in rows:
         print(f"  {k:<{w}}  {a:>14}  {b:>14}  {c:>8}")
     print("  (offramp = the initial deployment + the tuner adapting thresholds and ramps live; "
-          "accuracy constraint 1%)")
+          "accuracy constraint 1%; latency: at the client, end to end; serving: the router's "
+          "record, from receiving a request to learning its answer)")
     d = s.get("deployment") or {}
     if d.get("cheapest_ramp_ms") is not None:
         cheapest = d["cheapest_ramp_ms"] / d["full_ms"]

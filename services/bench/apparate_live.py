@@ -3,9 +3,12 @@
 The embedded stack (router, worker, monitor; NATS; the store) serves the same stream at the
 same arrival times three times: vanilla (no ramps), static early exits (every ramp active,
 one threshold tuned once on the first 10 % of the stream, BranchyNet/DeeBERT style) and
-offramp (the initial deployment within the ramp budget, the tuner adapting it live). Every
-latency is the client's, end to end. Agreement compares each answer with the label the
-vanilla run gave the same input (the final model as served).
+offramp (the initial deployment within the ramp budget, the tuner adapting it live). The
+main latency is the client's, end to end; the serving latency beside it is the router's
+record of the same request (from receiving it to learning its answer, queueing included:
+the paper's "per-request response latency"), joined by request id from the store.
+Agreement compares each answer with the label the vanilla run gave the same input (the
+final model as served).
 
 Two columns are not live runs, and the output says so: the oracle (each input answers at
 its earliest correct ramp, ramps free) is the vanilla run's latency minus the model time it
@@ -224,6 +227,18 @@ def table(doc: dict[str, Any]) -> str:
                      f"{change(r['p50_change_by_run']):>10} "
                      f"{change(r['p95_change_by_run']):>10} {pct(r['agreement']):>9} "
                      f"{pct(r.get('worst_window_agreement')):>9} {pct(r.get('exit_rate')):>7}")
+    lines.append("  serving latency (the router's record of each request: from receiving it "
+                 "to learning its answer, queueing included; the client's two hops excluded)")
+    lines.append(f"  {'policy':<9} {'p25 ms':>8} {'p50 ms':>8} {'p95 ms':>8} {'p50 vs van':>10} "
+                 f"{'p95 vs van':>10} {'known':>9}")
+    for name in ("vanilla", "static", "offramp", "oracle"):
+        r = doc[name]
+        known = r.get("serving_known")
+        lines.append(f"  {name:<9} {ms(r.get('serving_p25_ms')):>8} "
+                     f"{ms(r.get('serving_p50_ms')):>8} {ms(r.get('serving_p95_ms')):>8} "
+                     f"{change(r.get('serving_p50_change_by_run', [])):>10} "
+                     f"{change(r.get('serving_p95_change_by_run', [])):>10} "
+                     f"{'-' if known is None else known:>9}")
     if doc["repeats"] > 1:
         for name in ("static", "offramp", "oracle"):
             per = ", ".join(f"{100 * a:+.1f}/{100 * b:+.1f}%" for a, b in zip(

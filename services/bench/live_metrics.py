@@ -1,7 +1,8 @@
 """What a live run of ``offramp bench apparate --live`` measured, from the client's
-outcomes (no I/O): latency percentiles, agreement with the final model's answers, the
-worst window, early exits, the oracle's latency in latency mode, one run's policy
-summaries and their medians over repeated runs."""
+outcomes (no I/O): latency percentiles (end to end at the client, and serving: the
+router's record of each request), agreement with the final model's answers, the worst
+window, early exits, the oracle's latency in latency mode, one run's policy summaries and
+their medians over repeated runs."""
 
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ def run_summary(outcomes: Sequence[Outcome], reference: np.ndarray, window: int 
     """p25/p50/p95 latency of the answered requests; agreement of their labels with
     ``reference`` (the final model's label per stream index, -1 where unknown: those
     requests are not counted), overall and over the worst ``window`` consecutive counted
-    requests in stream order; the early-exit share and the exit configs seen."""
+    requests in stream order; the early-exit share and the exit configs seen. ``serving_*``:
+    the same percentiles of the router's latencies (``Outcome.serving_ms``), where known."""
     ok = sorted((o for o in outcomes if o.ok), key=lambda o: o.index)
     lat = np.array([o.latency_ms for o in ok], np.float64)
+    serving = np.array([o.serving_ms for o in ok if o.serving_ms is not None], np.float64)
     known = [o for o in ok if 0 <= o.index < reference.size and reference[o.index] >= 0]
     agree = np.array([o.label == reference[o.index] for o in known], np.float64)
     out: dict[str, Any] = {"requests": len(outcomes), "ok": len(ok),
@@ -33,6 +36,7 @@ def run_summary(outcomes: Sequence[Outcome], reference: np.ndarray, window: int 
                    mean_ms=float(lat.mean()))
     else:
         out.update(p25_ms=None, p50_ms=None, p95_ms=None, mean_ms=None)
+    out.update(_percentiles(serving, "serving_"), serving_known=int(serving.size))
     out["agreement"] = float(agree.mean()) if agree.size else None
     out["worst_window_agreement"] = (float(window_agreements(agree, window).min())
                                      if agree.size else None)
@@ -40,6 +44,10 @@ def run_summary(outcomes: Sequence[Outcome], reference: np.ndarray, window: int 
     out["exit_rate"] = float(np.mean([o.early for o in ok])) if ok else None
     out["config_versions"] = sorted({o.config_version for o in ok})
     return out
+
+
+def _percentiles(ms: np.ndarray, prefix: str) -> dict[str, float | None]:
+    return {f"{prefix}p{q}_ms": _pct(ms, q) for q in (25, 50, 95)}
 
 
 def labels_by_index(outcomes: Sequence[Outcome], n: int) -> np.ndarray:
@@ -52,18 +60,20 @@ def labels_by_index(outcomes: Sequence[Outcome], n: int) -> np.ndarray:
 
 
 def oracle_latency(vanilla: Sequence[Outcome], ramp_pred: np.ndarray, final_pred: np.ndarray,
-                   prefix_ms: np.ndarray) -> np.ndarray:
-    """Per answered vanilla request, in stream order: its live latency minus the model time
-    the oracle skips (each input answers at its earliest correct ramp, ramps free). In
-    latency mode every input still runs to the end, so the worker's queue, and with it
-    everything else in the request's latency, is the vanilla run's."""
+                   prefix_ms: np.ndarray, serving: bool = False) -> np.ndarray:
+    """Per answered vanilla request, in stream order: its live latency (``serving``: the
+    router's, where known) minus the model time the oracle skips (each input answers at its
+    earliest correct ramp, ramps free). In latency mode every input still runs to the end,
+    so the worker's queue, and with it everything else in the request's latency, is the
+    vanilla run's."""
     right = ramp_pred == final_pred
     first = np.where(right.any(axis=0), right.argmax(axis=0), -1)
     full = float(prefix_ms[-1])
-    ok = sorted((o for o in vanilla if o.ok and 0 <= o.index < first.size), key=lambda o: o.index)
+    ok = sorted((o for o in vanilla if o.ok and 0 <= o.index < first.size
+                 and (not serving or o.serving_ms is not None)), key=lambda o: o.index)
     saved = np.array([full - float(prefix_ms[first[o.index]]) if first[o.index] >= 0 else 0.0
                       for o in ok], np.float64)
-    lat = np.array([o.latency_ms for o in ok], np.float64)
+    lat = np.array([o.serving_ms if serving else o.latency_ms for o in ok], np.float64)
     return np.maximum(lat - saved, 0.0)
 
 
@@ -81,7 +91,8 @@ def active_over_time(outcomes: Sequence[Outcome], active_by_version: dict[int, l
 
 
 POLICIES = ("vanilla", "static", "offramp", "oracle")
-SUMMED = ("p25_ms", "p50_ms", "p95_ms", "mean_ms", "agreement", "worst_window_agreement",
+SUMMED = ("p25_ms", "p50_ms", "p95_ms", "mean_ms", "serving_p25_ms", "serving_p50_ms",
+          "serving_p95_ms", "agreement", "worst_window_agreement",
           "exit_rate")  # what the median over repeats covers
 
 
@@ -100,7 +111,9 @@ def policy_docs(outcomes: dict[str, list], deployed: dict[str, Any], trace,
         timeline=deployed["configs"])
     lat = oracle_latency(outcomes["vanilla"], trace.ramp_pred, trace.final_pred, trace.prefix_ms)
     right = trace.ramp_pred == trace.final_pred
-    doc["oracle"] = {"p25_ms": _pct(lat, 25), "p50_ms": _pct(lat, 50), "p95_ms": _pct(lat, 95),
+    serving = oracle_latency(outcomes["vanilla"], trace.ramp_pred, trace.final_pred,
+                             trace.prefix_ms, serving=True)
+    doc["oracle"] = {**_percentiles(lat, ""), **_percentiles(serving, "serving_"),
                      "mean_ms": float(lat.mean()) if lat.size else None, "agreement": 1.0,
                      "exit_rate": float(right.any(axis=0).mean()),
                      "source": "estimated: the vanilla run's latency minus the model time "
@@ -128,11 +141,12 @@ def aggregate(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             for k in SUMMED:
                 if k in first:
                     agg[k] = median_of([r[name].get(k) for r in runs])
-            for k in ("requests", "ok", "errors"):
+            for k in ("requests", "ok", "errors", "serving_known"):
                 if k in first:
                     agg[k] = int(sum(r[name][k] for r in runs))
-        agg["p50_change_by_run"] = [_rel(r[name]["p50_ms"], r["vanilla"]["p50_ms"]) for r in runs]
-        agg["p95_change_by_run"] = [_rel(r[name]["p95_ms"], r["vanilla"]["p95_ms"]) for r in runs]
+        for k in ("p50", "p95", "serving_p50", "serving_p95"):
+            agg[f"{k}_change_by_run"] = [_rel(r[name].get(f"{k}_ms"), r["vanilla"].get(f"{k}_ms"))
+                                         for r in runs]
         out[name] = agg
     return out
 

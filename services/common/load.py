@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,18 +26,32 @@ class Outcome:
     exit: int = -1
     label: int = -1
     config_version: int = -1
+    request_id: str = ""
+    serving_ms: float | None = None  # the router's record of it (``attach_serving``)
 
 
 async def _request(nc: Client, model: str, i: int, inputs: dict[str, np.ndarray],
                    slo_ms: float | None, timeout: float, start: float,
                    clock: Callable[[], float]) -> Outcome:
     """One request; its latency runs from ``start`` on ``clock``."""
+    rid = uuid.uuid4().hex
     try:
-        r = await infer(nc, model, inputs, slo_ms, timeout=timeout)
+        r = await infer(nc, model, inputs, slo_ms, timeout=timeout, request_id=rid)
         return Outcome(i, True, (clock() - start) * 1e3, "ok", bool(r["early"]),
-                       int(r["exit"]), int(r["label"]), int(r["config_version"]))
+                       int(r["exit"]), int(r["label"]), int(r["config_version"]), rid)
     except InferError as exc:
-        return Outcome(i, False, (clock() - start) * 1e3, exc.code)
+        return Outcome(i, False, (clock() - start) * 1e3, exc.code, request_id=rid)
+
+
+def attach_serving(outcomes: list[Outcome], serving: dict[str, float | None]) -> int:
+    """Set each answered outcome's ``serving_ms`` from the router's records (request id ->
+    latency); returns how many outcomes got one."""
+    got = 0
+    for o in outcomes:
+        v = serving.get(o.request_id) if o.ok else None
+        o.serving_ms = v
+        got += v is not None
+    return got
 
 
 async def await_config(nc: Client, model: str, version: int, probe: dict[str, np.ndarray],

@@ -294,6 +294,15 @@ class Store:
             "early_share": n_early / n_ok if n_ok else None,
         }
 
+    def request_latencies(self, model: str, since: datetime) -> dict[str, float]:
+        """request id -> the router's latency for the ok requests received since ``since``
+        (from the router receiving the request to it learning the answer)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Request.request_id, Request.latency_ms).where(
+                Request.model == model, Request.received_at >= naive_utc(since),
+                Request.status == "ok", Request.latency_ms.is_not(None)))
+            return {rid: float(ms) for rid, ms in rows}
+
     def exit_profile_summary(self, model: str, since: datetime) -> list[dict[str, Any]]:
         """Per ramp over windows ending at or after `since`: windows, samples, and the
         sample-weighted mean exit_rate and agreement (so tiny windows do not dominate)."""

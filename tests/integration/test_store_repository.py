@@ -243,6 +243,17 @@ def test_requests_and_stats(store: Store) -> None:
     }
 
 
+def test_request_latencies_by_id(store: Store) -> None:
+    now = utcnow()
+    store.add_requests(_requests(now, n=5))
+    store.add_requests([{**_requests(now)[0], "request_id": "old",
+                         "received_at": now - timedelta(days=1)}])
+    got = store.request_latencies("m", now - timedelta(hours=1))
+    # ok requests only ("x" was overloaded), and nothing from before `since`
+    assert got == {"r0": 1.0, "r1": 2.0, "r2": 3.0, "r3": 4.0, "r4": 5.0}
+    assert store.request_latencies("other", now - timedelta(hours=1)) == {}
+
+
 def test_aware_datetimes_are_stored_as_naive_utc(store: Store) -> None:
     tz = timezone(timedelta(hours=5))
     at = datetime(2030, 1, 1, 17, 0, tzinfo=tz)

@@ -56,3 +56,23 @@ def test_the_table_shows_the_median_change_and_each_run():
     assert "-10.0%" in offramp_row                    # the median of -10, -5 and -20 %
     assert "offramp p50/p95 vs vanilla, run by run: -10.0/-10.0%, -5.0/-5.0%, -20.0/-20.0%" in text
     assert "configs per run [4, 4, 4]" in text
+
+
+def test_serving_latency_changes_are_taken_against_each_run_s_vanilla():
+    runs = [_run(20.0, 18.0), _run(40.0, 38.0)]
+    for r, (van, off) in zip(runs, [(10.0, 6.0), (20.0, 15.0)]):
+        r["vanilla"].update(serving_p50_ms=van, serving_p95_ms=2 * van, serving_known=10)
+        r["offramp"].update(serving_p50_ms=off, serving_p95_ms=2 * off, serving_known=9)
+    agg = aggregate(runs)
+    off = agg["offramp"]
+    assert off["serving_p50_change_by_run"] == [pytest.approx(-0.4), pytest.approx(-0.25)]
+    assert off["serving_p50_ms"] == pytest.approx(10.5) and off["serving_known"] == 18
+    assert agg["static"]["serving_p50_change_by_run"] == [None, None]  # no records: no figure
+    doc = {"model": "m", "requests": 10, "workload": "text", "arrivals": "poisson:20",
+           "budget": 0.02, "constraint": 0.01, "aggregate": "median over 2 runs",
+           "repeats": 2, "runs": runs, "tuning_ms_p50": 0.4, "adjust_ms_p50": 0.2,
+           "grid_gap": 0.0, "tuning_source": "replay", **agg}
+    lines = table(doc).splitlines()
+    serving = lines[lines.index(next(x for x in lines if x.startswith("  serving latency"))):]
+    row = next(x for x in serving if x.startswith("  offramp "))
+    assert "10.50" in row and "-32.5%" in row and row.rstrip().endswith("18")

@@ -11,7 +11,7 @@ from services.bench.live_metrics import (
     oracle_latency,
     run_summary,
 )
-from services.common.load import Outcome
+from services.common.load import Outcome, attach_serving
 
 
 def _out(i: int, label: int, ms: float = 10.0, ok: bool = True, early: bool = False,
@@ -43,6 +43,27 @@ def test_latency_percentiles_exit_share_and_versions():
     assert s["p50_ms"] == pytest.approx(2.5)
     assert s["exit_rate"] == pytest.approx(0.5)
     assert s["config_versions"] == [1, 2]
+
+
+def test_serving_latency_comes_from_the_router_records_where_known():
+    outs = [_out(i, 0, ms=10.0 + i) for i in range(4)] + [_out(4, 0, ok=False)]
+    for o in outs:
+        o.request_id = f"r{o.index}"
+    got = attach_serving(outs, {"r0": 2.0, "r1": 4.0, "r2": 6.0, "r4": 1.0, "other": 9.0})
+    assert got == 3  # r3 not recorded (yet); r4 failed, so its record is not used
+    assert [o.serving_ms for o in outs] == [2.0, 4.0, 6.0, None, None]
+    s = run_summary(outs, np.zeros(5, np.int64))
+    assert s["serving_known"] == 3 and s["serving_p50_ms"] == pytest.approx(4.0)
+    assert s["p50_ms"] == pytest.approx(11.5)  # end to end still covers every answer
+    assert run_summary([_out(0, 0)], np.zeros(1, np.int64))["serving_p50_ms"] is None
+
+
+def test_oracle_serving_latency_uses_the_router_records():
+    vanilla = [_out(0, 0, ms=20.0), _out(1, 1, ms=20.0)]
+    vanilla[0].serving_ms = 12.0  # sample 1 has no router record: left out
+    lat = oracle_latency(vanilla, np.array([[0, 1]]), np.array([0, 1]), np.array([4.0, 10.0]),
+                         serving=True)
+    assert lat.tolist() == [6.0]
 
 
 def test_no_answers_give_none_not_a_crash():

@@ -15,7 +15,7 @@ from services.common.client import InferError
 def test_sends_on_schedule_without_waiting_for_answers(monkeypatch):
     sent: list[tuple[int, float]] = []
 
-    async def fake_infer(nc, model, inputs, slo_ms, timeout):
+    async def fake_infer(nc, model, inputs, slo_ms, timeout, request_id=None):
         loop = asyncio.get_running_loop()
         sent.append((inputs["i"], loop.time()))
         await asyncio.sleep(0.05)               # every answer outlives the next arrival
@@ -46,7 +46,7 @@ def test_await_config_probes_until_an_answer_carries_the_version(monkeypatch):
     versions = iter([3, 3, 4, 5])
     calls = []
 
-    async def fake_infer(nc, model, inputs, slo_ms, timeout):
+    async def fake_infer(nc, model, inputs, slo_ms, timeout, request_id=None):
         calls.append(inputs)
         v = next(versions)
         if len(calls) == 2:
@@ -59,7 +59,7 @@ def test_await_config_probes_until_an_answer_carries_the_version(monkeypatch):
 
 
 def test_await_config_gives_up_with_a_clear_error(monkeypatch):
-    async def fake_infer(nc, model, inputs, slo_ms, timeout):
+    async def fake_infer(nc, model, inputs, slo_ms, timeout, request_id=None):
         return {"config_version": 1}
 
     monkeypatch.setattr(load, "infer", fake_infer)

@@ -30,7 +30,7 @@ def test_sends_on_schedule_without_waiting_for_answers(monkeypatch):
     assert [o.index for o in outs] == [0, 1, 2, 3]
     assert [i for i, _ in sent] == [0, 1, 2, 3]
     assert sent[-1][1] - sent[0][1] < 0.05       # all four were sent before the first answer
-    # never before its time (the send waits out the timer's margin on the loop)
+    # never before its time (a pacing thread sleeps until each send is due)
     assert all(t - t0 >= a for (_, t), a in zip(sent, arrivals, strict=True))
     assert [o.ok for o in outs] == [True, True, False, True] and outs[2].code == "overloaded"
     assert outs[1].early and not outs[0].early and outs[0].config_version == 4

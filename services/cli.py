@@ -310,17 +310,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="start the stack, stream real images through vanilla "
                           "and through offramp's adaptive loop, print both side by side")
     demo.add_argument("--model", default="efficientnet-lite0")
-    demo.add_argument("--requests", type=int, default=600, help="frames per run")
-    demo.add_argument("--concurrency", type=int, default=1,
-                      help="requests in flight (1 = light load, where early exits pay)")
+    demo.add_argument("--requests", type=int, default=2000, help="frames per run")
+    demo.add_argument("--concurrency", type=int,
+                      help="closed loop: this many requests in flight instead of open-loop "
+                      "arrivals (with 1, each frame waits for the previous one's remaining "
+                      "layers, which no early exit saves)")
     demo.add_argument("--arrivals", metavar="SPEC",
                       help="open loop: send frames at these arrival times, e.g. poisson:20 "
-                      "(requests/s; see services/models/arrivals.py) instead of "
-                      "--concurrency in flight; latency mode's early answers pay when the "
-                      "worker is idle as a frame arrives")
+                      "(requests/s; see services/models/arrivals.py); default: Poisson at "
+                      "light load (a vanilla worker 20%% busy), where latency mode's early "
+                      "answers pay")
     demo.add_argument("--scene-frames", metavar="MIN:MAX",
-                      help="video models: scene lengths in frames (default 16:120); a fixed "
-                      "camera's scenes last far longer, e.g. 600:1800")
+                      help="video models: scene lengths in frames (default 600:1800, a fixed "
+                      "camera; 16:120 cuts far more often)")
     demo.add_argument("--json", help="write the summary here too")
     demo.set_defaults(fn=cmd_demo)
 

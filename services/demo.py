@@ -29,6 +29,29 @@ from services.common.supervisor import Deployment, Supervisor, prepare_state
 from services.models.arrivals import make_arrivals
 from services.models.workloads import parse_scene_frames
 
+# What the demo streams unless told otherwise: a fixed camera (scenes of 600-1,800 frames)
+# at light load (Poisson arrivals keeping one vanilla worker LIGHT_LOAD busy), the regime
+# latency mode's early answers are for. One request in flight instead (``--concurrency``)
+# makes each frame wait for the previous one's remaining layers, which no exit saves.
+DEMO_SCENES = "600:1800"
+
+
+def demo_load(concurrency: int | None, arrivals: str | None, full_ms: float
+              ) -> tuple[str | None, int]:
+    """(arrival spec or None for closed loop, requests in flight) from the demo's flags:
+    ``--concurrency`` alone is closed loop, else ``--arrivals`` or light load."""
+    if concurrency is not None and arrivals is not None:
+        raise ValueError("give --concurrency (closed loop) or --arrivals (open loop), not both")
+    if concurrency is not None:
+        if concurrency < 1:
+            raise ValueError(f"--concurrency must be >= 1, got {concurrency}")
+        return None, concurrency
+    if arrivals is not None:
+        return arrivals, 1
+    from services.bench.apparate import light_load
+
+    return light_load(full_ms), 1
+
 
 def run_demo(args: argparse.Namespace) -> int:
     os.environ["OFFRAMP_MODELS"] = args.model
@@ -37,9 +60,21 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         # typos fail before any waiting
         scenes = None if args.scene_frames is None else parse_scene_frames(args.scene_frames)
-        arrival_s = (None if args.arrivals is None
-                     else make_arrivals(args.arrivals, n=args.requests, seed=(1, 0xA7)))
+        demo_load(args.concurrency, args.arrivals, 1.0)
+        if args.arrivals is not None:
+            make_arrivals(args.arrivals, n=1, seed=(1, 0xA7))
         prepare_state(cfg, say=say)
+        from services.models.manifest import Manifest
+        from services.models.workloads import image_input
+        from services.tuner.window import LatencyProfile
+
+        manifest = Manifest.load(cfg.models_dir / args.model)
+        if scenes is None and _takes_images(manifest, image_input):
+            scenes = parse_scene_frames(DEMO_SCENES)
+        arrivals, concurrency = demo_load(args.concurrency, args.arrivals,
+                                          LatencyProfile.from_manifest(manifest).full_ms)
+        arrival_s = (None if arrivals is None
+                     else make_arrivals(arrivals, n=args.requests, seed=(1, 0xA7)))
         inputs = demo_inputs(cfg, args.model, args.requests, scenes)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -54,15 +89,11 @@ def run_demo(args: argparse.Namespace) -> int:
 
         set_exit_config(cfg, url, args.model, 0.0, [], "none", "demo: vanilla run (no ramps)")
         vanilla, _ = asyncio.run(stream_live(cfg, url, args.model, inputs, arrival_s,
-                                             "vanilla", args.concurrency))
+                                             "vanilla", concurrency))
         # The adaptive run starts where a fresh deployment does: evenly spaced ramps within
         # the budget, thresholds 0; the tuner takes it from there on live feedback.
-        from services.models.manifest import Manifest
-        from services.tuner.window import LatencyProfile
-
-        manifest = Manifest.load(cfg.models_dir / args.model)
         adaptive, _, active = adaptive_run(cfg, sup, url, manifest, inputs, arrival_s, "demo",
-                                           args.concurrency)
+                                           concurrency)
         prof = LatencyProfile.from_manifest(manifest)
         deployment = {"active": active, "ramp_budget": cfg.ramp_budget,
                       "full_ms": prof.full_ms,
@@ -71,14 +102,23 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         sup.stop()
     summary = {"model": args.model, "requests": args.requests,
-               "concurrency": args.concurrency, "arrivals": args.arrivals,
-               "scene_frames": args.scene_frames, "vanilla": vanilla, "offramp": adaptive,
+               "concurrency": concurrency, "arrivals": arrivals,
+               "scene_frames": None if scenes is None else f"{scenes[0]}:{scenes[1]}",
+               "vanilla": vanilla, "offramp": adaptive,
                "deployment": deployment}
     _print_summary(summary)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)
     return 0 if vanilla["errors"] == 0 and adaptive["errors"] == 0 else 1
+
+
+def _takes_images(manifest, image_input) -> bool:
+    try:
+        image_input(manifest.inputs)
+    except ValueError:
+        return False
+    return True
 
 
 def demo_inputs(cfg, model: str, n: int, scenes: tuple[int, int] | None = None
@@ -212,7 +252,7 @@ def _print_summary(s: dict) -> None:
         cheapest = d["cheapest_ramp_ms"] / d["full_ms"]
         print(f"  initial deployment: {len(d['active'])} ramps active within the "
               f"{d['ramp_budget']:.0%} ramp budget; the cheapest ramp costs "
-              f"{d['cheapest_ramp_ms']:.2f} ms to serve here ({cheapest:.1%} of the model: "
+              f"{d['cheapest_ramp_ms']:.3f} ms to serve here ({cheapest:.2%} of the model: "
               + ("its head and tap in the stage's one call" if d.get("ramp_serving") == "tapped"
                  else "its stage splits there") + ")" + ("" if d["active"] else
               "; raise OFFRAMP_RAMP_BUDGET to trade worst-case latency for exits"))

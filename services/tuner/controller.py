@@ -43,6 +43,10 @@ per trigger (the work; the simulator times each step on its own).
   stream whose ramps cannot meet the constraint had the controller trial and drop the same
   two sites every round, each trial paying its serving cost on every sample and a session
   build in the worker. A site that keeps a non-negative utility through a round starts afresh.
+  Trials as a whole back off too: after a trialled site is dropped, no site is added for
+  ``cooldown_rounds`` rounds, doubled for each further failed trial in a row (any site), so a
+  stream where no ramp pays stops cycling through sites (live, EfficientNet seed 0 tried a
+  new site every other round). A trial that survives a round ends the streak.
 - Records served before a ramp was activated never tune or judge it: windows are built from
   the newest records that hold every active ramp (older supersets still count).
 
@@ -169,6 +173,9 @@ class ExitController:
         self.rounds = 0          # adjust rounds run
         self.deactivated_at: dict[int, int] = {}  # site -> round it was deactivated
         self.failures: dict[int, int] = {}        # site -> deactivations in a row
+        self.trials: set[int] = set()             # added sites not yet judged by a round
+        self.trial_streak = 0                     # trials dropped in a row (any site)
+        self.trial_hold_until = 0                 # no site is added before this round
         self.counts = {"alerts": 0, "tunes": 0, "adjusts": 0, "changes": 0}
         self._segs: list[tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray]] = []
 
@@ -358,19 +365,35 @@ class ExitController:
                                   "ramp yet", self.active, self.thresholds, 0, None)
         exclude = frozenset(s for s, r in self.deactivated_at.items()
                             if self.rounds - r <= self.cooldown(s) and s not in self.active)
+        if self.rounds < self.trial_hold_until:  # trials as a whole are backing off
+            exclude = frozenset(range(self.profile.n_sites)) - frozenset(self.active)
         d = adjust(AdjustInput(w, self.profile, self.thresholds, self.tune_constraint,
                                self.budget, exclude))
         for u in d.utilities:  # paid its way this round: a later failure waits the base time
             if u.utility_ms >= 0 and u.ramp_id in d.active:
                 self.failures.pop(u.ramp_id, None)
+                if u.ramp_id in self.trials:
+                    self.trials.discard(u.ramp_id)
+                    self.trial_streak = 0
         for s in d.deactivated:
             self.deactivated_at[s] = self.rounds
             self.failures[s] = self.failures.get(s, 0) + 1
+            if s in self.trials:
+                self.trials.discard(s)
+                self.trial_streak += 1
+                self.trial_hold_until = self.rounds + 1 + self.trial_cooldown()
+        self.trials |= set(d.added)
         self.deactivated_at = {s: r for s, r in self.deactivated_at.items()
                                if self.rounds - r <= self.cooldown(s)}
         return self._decision("adjust", trigger, d.action, d.reason, d.active, d.thresholds,
                               w.n_samples, None, utilities=d.utilities,
                               deactivated=d.deactivated, added=d.added, window=w)
+
+    def trial_cooldown(self) -> int:
+        """Adjust rounds with no new trial after the latest failed one (see module doc)."""
+        k = max(self.trial_streak, 1)
+        return min(self.cooldown_rounds * 2 ** (k - 1),
+                   max(MAX_COOLDOWN_ROUNDS, self.cooldown_rounds))
 
     def cooldown(self, site: int) -> int:
         """Adjust rounds ``site`` waits after its latest deactivation before a new trial."""
@@ -409,6 +432,8 @@ class ExitController:
             "rounds": self.rounds, "counts": dict(self.counts),
             "deactivated_at": {str(s): r for s, r in self.deactivated_at.items()},
             "failures": {str(s): k for s, k in self.failures.items()},
+            "trials": sorted(self.trials), "trial_streak": self.trial_streak,
+            "trial_hold_until": self.trial_hold_until,
             "records": [{"ramp_ids": list(i), "pred": p.tolist(), "score": s.tolist(),
                          "final": f.tolist()} for i, p, s, f in self._segs],
         }
@@ -422,6 +447,9 @@ class ExitController:
         c.counts = {k: int(v) for k, v in d["counts"].items()}
         c.deactivated_at = {int(s): int(r) for s, r in d["deactivated_at"].items()}
         c.failures = {int(s): int(k) for s, k in d.get("failures", {}).items()}
+        c.trials = {int(s) for s in d.get("trials", [])}
+        c.trial_streak = int(d.get("trial_streak", 0))
+        c.trial_hold_until = int(d.get("trial_hold_until", 0))
         for rec in d["records"]:
             ids = tuple(int(r) for r in rec["ramp_ids"])
             n = len(rec["final"])

@@ -203,17 +203,32 @@ def test_cooldown_doubles_with_each_failure_in_a_row_up_to_a_cap() -> None:
         assert c.cooldown(3) == want
 
 
-def test_sites_that_keep_failing_are_trialled_less_and_less_often() -> None:
-    # every ramp is always wrong: each trial is dropped at the next round
+def test_trials_back_off_as_a_whole_when_no_ramp_pays() -> None:
+    # every ramp is always wrong: each trial is dropped at the next round, whatever the site
     c = ctl(active=(1,), thresholds=(0.0,), adjust_every=128)
     trials = [r for r, active in _trials(c, 60, wrong=1.0) if active]
-    early = sum(1 for r in trials if r <= 20)
-    late = sum(1 for r in trials if r > 40)
-    assert early >= 8 and late < early / 2, trials
-    assert all(k >= 3 for k in c.failures.values()), c.failures
+    gaps = np.diff(trials)
+    assert len(trials) >= 4 and (np.diff(gaps) > 0).all(), trials  # 2, 6, 12, 22, 40 ...
+    assert c.trial_streak >= 4 and c.failures, (c.trial_streak, c.failures)
     # the backoff survives a restart from the store
     again = ExitController.from_dict(json.loads(json.dumps(c.to_dict())))
-    assert again.failures == c.failures and again.cooldown(1) == c.cooldown(1)
+    assert (again.failures, again.trial_streak, again.trial_hold_until, again.trials) == \
+        (c.failures, c.trial_streak, c.trial_hold_until, c.trials)
+    assert again.cooldown(1) == c.cooldown(1) and again.trial_cooldown() == c.trial_cooldown()
+
+
+def test_trial_cooldown_doubles_with_each_failed_trial_in_a_row_up_to_a_cap() -> None:
+    c = ctl(cooldown_rounds=2)
+    for k, want in [(0, 2), (1, 2), (2, 4), (3, 8), (6, 32), (9, 32)]:
+        c.trial_streak = k
+        assert c.trial_cooldown() == want
+
+
+def test_a_trial_that_pays_ends_the_streak() -> None:
+    c = ctl(active=(1,), thresholds=(0.5,), adjust_every=128)
+    c.trials, c.trial_streak = {1}, 3
+    _trials(c, 1, wrong=0.0)  # the trialled ramp answers right, confidently: it pays
+    assert 1 in c.active and c.trial_streak == 0 and 1 not in c.trials
 
 
 def test_a_ramp_that_pays_its_way_starts_its_backoff_afresh() -> None:

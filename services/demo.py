@@ -27,7 +27,7 @@ from services.common.load import (
 )
 from services.common.supervisor import Deployment, Supervisor, prepare_state
 from services.models.arrivals import make_arrivals
-from services.models.workloads import parse_scene_frames
+from services.models.workloads import image_input, parse_scene_frames
 
 # What the demo streams unless told otherwise: a fixed camera (scenes of 600-1,800 frames)
 # at light load (Poisson arrivals keeping one vanilla worker LIGHT_LOAD busy), the regime
@@ -65,11 +65,10 @@ def run_demo(args: argparse.Namespace) -> int:
             make_arrivals(args.arrivals, n=1, seed=(1, 0xA7))
         prepare_state(cfg, say=say)
         from services.models.manifest import Manifest
-        from services.models.workloads import image_input
         from services.tuner.window import LatencyProfile
 
         manifest = Manifest.load(cfg.models_dir / args.model)
-        if scenes is None and _takes_images(manifest, image_input):
+        if scenes is None and _takes_images(manifest):
             scenes = parse_scene_frames(DEMO_SCENES)
         arrivals, concurrency = demo_load(args.concurrency, args.arrivals,
                                           LatencyProfile.from_manifest(manifest).full_ms)
@@ -113,7 +112,7 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0 if vanilla["errors"] == 0 and adaptive["errors"] == 0 else 1
 
 
-def _takes_images(manifest, image_input) -> bool:
+def _takes_images(manifest) -> bool:
     try:
         image_input(manifest.inputs)
     except ValueError:
@@ -131,7 +130,7 @@ def demo_inputs(cfg, model: str, n: int, scenes: tuple[int, int] | None = None
         batch = sample_inputs(model, n, seed=1)
     else:
         from services.models.manifest import Manifest
-        from services.models.workloads import image_input, iter_video_frames
+        from services.models.workloads import iter_video_frames
 
         name, size, dtype = image_input(Manifest.load(cfg.models_dir / model).inputs)
         frames = [f for f, _ in iter_video_frames(n, seed=1, size=size, min_scene=scenes[0],

@@ -78,3 +78,11 @@ def test_concurrency_and_arrivals_exclude_each_other(monkeypatch, tmp_path, caps
     assert run_demo(args) == 2
     assert "not both" in capsys.readouterr().err
     assert not (tmp_path / "offramp.db").exists()  # no store, no stack
+
+
+def test_long_scenes_are_the_default_only_for_image_models(models_dir):
+    from services.demo import _takes_images
+    from services.models.manifest import Manifest
+
+    assert _takes_images(Manifest.load(models_dir / "efficientnet-lite0"))
+    assert not _takes_images(Manifest.load(models_dir / "tiny"))

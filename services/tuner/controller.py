@@ -391,13 +391,15 @@ class ExitController:
 
     def trial_cooldown(self) -> int:
         """Adjust rounds with no new trial after the latest failed one (see module doc)."""
-        k = max(self.trial_streak, 1)
-        return min(self.cooldown_rounds * 2 ** (k - 1),
-                   max(MAX_COOLDOWN_ROUNDS, self.cooldown_rounds))
+        return self._doubled(self.trial_streak)
 
     def cooldown(self, site: int) -> int:
         """Adjust rounds ``site`` waits after its latest deactivation before a new trial."""
-        k = max(self.failures.get(site, 1), 1)
+        return self._doubled(self.failures.get(site, 1))
+
+    def _doubled(self, failures: int) -> int:
+        """``cooldown_rounds``, doubled for each failure in a row after the first, capped."""
+        k = max(failures, 1)
         return min(self.cooldown_rounds * 2 ** (k - 1),
                    max(MAX_COOLDOWN_ROUNDS, self.cooldown_rounds))
 

@@ -193,8 +193,10 @@ def report(runs: list[dict[str, dict[str, Any]]], trace, replay: dict,
     doc.update({
         "tuning_ms_p50": _pct(wall["tune"], 50), "adjust_ms_p50": _pct(wall["adjust"], 50),
         "grid_gap": off.extra.get("grid", {}).get("grid_gap"),
+        "timing_passes": off.extra.get("timing_passes", 1),
         "tuning_source": "replay of the same stream through the same controller code "
-                         "(wall time per call on this machine)",
+                         "(wall time per call on this machine, the fastest of "
+                         f"{off.extra.get('timing_passes', 1)} identical replays)",
         "replay": {k: v.summary() for k, v in replay.items() if hasattr(v, "summary")},
         "trace_meta": {k: v for k, v in trace.meta.items() if k != "ramp_ids"},
     })

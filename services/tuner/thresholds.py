@@ -207,9 +207,11 @@ class _Bits:
         return bisect_left(self.sorted[k], threshold)  # number of scores < threshold
 
     def run(self, ranks: list[int], k0: int, state: tuple[int, float, int],
-            trace: list[tuple[int, float, int]]) -> tuple[float, int]:
+            trace: list[tuple[int, float, int]], limit: float = math.inf) -> tuple[float, int]:
         """Latency sum and disagreements, resuming at ramp k0 from ``state`` = (exited set,
-        latency, disagreements) before it; appends the state before each ramp to ``trace``."""
+        latency, disagreements) before it; appends the state before each ramp to ``trace``.
+        Stops early (latency inf, ``trace`` cut short) once disagreements exceed ``limit``:
+        they only grow, and a violating vector is never taken."""
         covered, lat, dis = state
         prefix, wrong, cost, add = self.prefix, self.wrong, self.lat, trace.append
         for k in range(k0, self.r):
@@ -218,6 +220,8 @@ class _Bits:
             if x:
                 lat += x.bit_count() * cost[k]
                 dis += (x & wrong[k]).bit_count()
+                if dis > limit:
+                    return math.inf, dis
                 covered |= x
         return lat + (self.n - covered.bit_count()) * cost[self.r], dis
 
@@ -287,7 +291,7 @@ def tune(window: ExitWindow, profile: LatencyProfile, constraint: float = DEFAUL
                 trial = ranks.copy()
                 trial[i] = rank
                 tail = []
-                new_lat, new_dis = bits.run(trial, i, trace[i], tail)
+                new_lat, new_dis = bits.run(trial, i, trace[i], tail, allowed)
             if new_dis > allowed:
                 over.append(i)
                 violated.append(i)

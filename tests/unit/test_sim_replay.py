@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from services.sim.replay import (
+    fastest_pass,
     make_controller,
     run_hindsight,
     run_offramp,
@@ -120,6 +121,24 @@ def test_decision_delay_defers_configs() -> None:
     never = run_offramp(tr, tr.arrival_s, make_controller(tr), delay_s=1e6)
     assert np.allclose(never.latency_ms, 10.2)  # initial config (no exits) throughout
     assert never.extra["decisions"]
+
+
+def test_timing_keeps_each_calls_fastest_identical_pass() -> None:
+    tr = drifting()
+    one = run_replay(tr, tr.arrival_s, grid_rounds=0, policies=("offramp",), timing_passes=1)
+    three = run_replay(tr, tr.arrival_s, grid_rounds=0, policies=("offramp",))
+    a, b = one["offramp"], three["offramp"]
+    assert b.extra["timing_passes"] == 3 and a.extra["decisions"] == b.extra["decisions"]
+    assert {k: len(v) for k, v in a.extra["wall_ms"].items()} == \
+        {k: len(v) for k, v in b.extra["wall_ms"].items()}
+    again = run_offramp(tr, tr.arrival_s, make_controller(tr))
+    again.extra["wall_ms"] = {k: [0.5 * x for x in v] for k, v in a.extra["wall_ms"].items()}
+    assert fastest_pass(a, again) == again.extra["wall_ms"]
+    again.extra["decisions"] = again.extra["decisions"][:-1]
+    with pytest.raises(RuntimeError, match="decided differently"):
+        fastest_pass(a, again)
+    with pytest.raises(ValueError, match="timing_passes"):
+        run_replay(tr, tr.arrival_s, policies=("offramp",), timing_passes=0)
 
 
 def test_window_agreements() -> None:

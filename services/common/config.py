@@ -39,6 +39,7 @@ class Config:
     adapt: bool = False
     nats_procs: int = 0
     ort_spin: str = "off"
+    feedback_backlog: int = 8
     extra: dict[str, str] = field(default_factory=dict)
 
     def as_env(self) -> dict[str, str]:
@@ -64,6 +65,7 @@ class Config:
             "OFFRAMP_ADAPT": "1" if self.adapt else "0",
             "OFFRAMP_NATS_PROCS": str(self.nats_procs),
             "OFFRAMP_ORT_SPIN": self.ort_spin,
+            "OFFRAMP_FEEDBACK_BACKLOG": str(self.feedback_backlog),
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
@@ -89,6 +91,7 @@ DOCUMENTED = [
     ("OFFRAMP_DEVICE", "auto", "auto | cpu | cuda: ONNX Runtime execution provider"),
     ("OFFRAMP_ORT_THREADS", "0", "ONNX Runtime intra-op threads (0 = runtime default)"),
     ("OFFRAMP_ORT_SPIN", "off", "off | auto | on: a worker's intra-op threads spin-wait between operators in runs without active ramps (auto: on when `offramp up` runs one worker on the host, else off); runs with active ramps never spin"),
+    ("OFFRAMP_FEEDBACK_BACKLOG", "8", "batches whose answers all left early that a worker may set aside, cutting their run short for a request that waits, and re-run for the monitor's feedback when idle (0: every run goes to the end)"),
     ("OFFRAMP_ACCURACY_LOSS", "0.01", "accuracy constraint: largest allowed loss of agreement with the final model"),
     ("OFFRAMP_RAMP_BUDGET", "0.02", "worst-case latency the active ramps may add (their measured serving cost), as a share of the model's"),
     ("OFFRAMP_ADAPT", "0", "1: `offramp up` also runs the tuner (continual exit adaptation)"),
@@ -137,6 +140,7 @@ def _load() -> Config:
         adapt=_env("OFFRAMP_ADAPT", "0").lower() in ("1", "true", "yes", "on"),
         nats_procs=int(_env("OFFRAMP_NATS_PROCS", "0")),
         ort_spin=_choice("OFFRAMP_ORT_SPIN", "off", ORT_SPIN_SETTINGS),
+        feedback_backlog=_non_negative("OFFRAMP_FEEDBACK_BACKLOG", "8"),
     )
 
 
@@ -144,6 +148,13 @@ def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
     value = _env(name, default).lower()
     if value not in allowed:
         raise ConfigError(f"{name}={value!r}: use one of {', '.join(allowed)}")
+    return value
+
+
+def _non_negative(name: str, default: str) -> int:
+    value = int(_env(name, default))
+    if value < 0:
+        raise ConfigError(f"{name}={value}: must be >= 0")
     return value
 
 

@@ -6,6 +6,8 @@ import itertools
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,6 +181,7 @@ class StageRuntime:
         self.threads = threads
         self.tap_notes: list[str] = []  # why a set of ramps splits instead (for logs)
         self._merge_lock = threading.Lock()
+        self._local = threading.local()  # this thread's RunOptions (see interruptible)
         self.ramps = manifest.ramps_in(first_block, last_block)
         self._ramps = {r.index: load(r.file, quiet) for r in self.ramps}
         self._in_dtypes = {t.name: np.dtype(t.dtype) for t in manifest.inputs}
@@ -188,6 +191,21 @@ class StageRuntime:
     @property
     def is_last(self) -> bool:
         return self.last_block == self.manifest.num_blocks
+
+    @contextmanager
+    def interruptible(self) -> Iterator[ort.RunOptions]:
+        """Every runtime call this thread makes inside the block runs with the yielded
+        RunOptions: setting its ``terminate`` (from any thread) stops the call in progress
+        before its next operator, with an error, and fails every later one at once."""
+        ro = ort.RunOptions()
+        self._local.ro = ro
+        try:
+            yield ro
+        finally:
+            self._local.ro = None
+
+    def _ro(self) -> ort.RunOptions | None:
+        return getattr(self._local, "ro", None)
 
     def run_block(self, i: int, x: dict[str, np.ndarray] | np.ndarray,
                   model_inputs: dict[str, np.ndarray] | None = None) -> np.ndarray:
@@ -210,7 +228,7 @@ class StageRuntime:
                     raise ValueError(f"block {i} of {self.manifest.name} also reads model "
                                      f"input {k!r}: pass it in model_inputs")
                 feeds[k] = self._model_input(k, model_inputs)
-        return sess.run(None, feeds)[0]
+        return sess.run(None, feeds, self._ro())[0]
 
     def _model_input(self, name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return np.ascontiguousarray(inputs[name], dtype=self._in_dtypes.get(name, np.float32))
@@ -248,7 +266,7 @@ class StageRuntime:
         if keep or self._out_device != "cpu" \
                 or any(isinstance(v, ort.OrtValue) for v in feeds.values()):
             return self._run_bound(sess, feeds)
-        return sess.run(None, feeds)
+        return sess.run(None, feeds, self._ro())
 
     def _feeds(self, sess: ort.InferenceSession, what: str, x, model_inputs
                ) -> dict[str, np.ndarray | ort.OrtValue]:
@@ -289,7 +307,7 @@ class StageRuntime:
         io.bind_output(outputs[0].name, self._out_device)
         for o in outputs[1:]:
             io.bind_output(o.name, "cpu")  # ramp logits: small, read right away
-        sess.run_with_iobinding(io)
+        sess.run_with_iobinding(io, self._ro())
         return io.get_outputs()
 
     # ------------------------------------------------------------------ tapped stages
@@ -457,7 +475,8 @@ class StageRuntime:
 
     def run_ramp(self, r: int, x: np.ndarray) -> np.ndarray:
         """Logits of ramp ``r`` on the output of its block."""
-        return self._ramps[r].run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)})[0]
+        return self._ramps[r].run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)},
+                                  self._ro())[0]
 
     def run_all(
         self, inputs: dict[str, np.ndarray] | np.ndarray,

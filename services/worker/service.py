@@ -3,7 +3,9 @@
 Batches run in a thread (ONNX Runtime releases the GIL) so heartbeats and early
 results keep flowing while a batch computes. In latency mode a sample whose ramp
 passes its threshold gets an early result at once and keeps running, so the final
-prediction is always known and telemetry always carries the feedback.
+prediction is always known and telemetry always carries the feedback; a run left with
+only feedback to compute gives way to a waiting request and finishes later
+(``feedback_backlog``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from services.common.runtime import spawn
 from services.models.manifest import Manifest
 from services.models.runtime import StageRuntime, spin_for
 from services.worker.exits import initial_config, initial_ramps, ramp_outcome
+from services.worker.feedback_backlog import FeedbackBacklog, SetAside
 from services.worker.stage_exec import execute
 from services.worker.telemetry import TelemetryBuffer
 
@@ -81,6 +84,8 @@ class Worker:
         self.busy = False
         self.inline = False
         self.telemetry = TelemetryBuffer()
+        self.backlog = FeedbackBacklog(cfg.feedback_backlog)
+        self.stopping = False
         self.batches = 0
         self.stage_ms = sum(b.cost_ms for b in manifest.blocks[plan.first_block:plan.last_block]) + \
             sum(r.cost_ms for r in self.ramps)
@@ -99,6 +104,7 @@ class Worker:
             self.process_inline(batch, received)  # idle and trivial: no hand-off to the run task
         else:
             self.queue.put_nowait((batch, received))
+            self.backlog.preempt()  # a run with only feedback left gives way
 
     async def on_config(self, msg: Msg) -> None:
         try:
@@ -150,6 +156,9 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            if self.queue.empty() and self.backlog:
+                await self.process_set_aside()
+                continue
             batch, received = await self.queue.get()
             if self._is_inline(batch):
                 self.process_inline(batch, received)
@@ -166,10 +175,10 @@ class Worker:
         self.busy = True
         self.inline = inline
 
-    def _end(self) -> None:
+    def _end(self, count: bool = True) -> None:
         self.busy = False
         self.inline = False
-        self.batches += 1
+        self.batches += count
 
     def process_inline(self, batch: Batch, received: float) -> None:
         """A trivial batch on the event loop: each message goes out as soon as it is made."""
@@ -190,6 +199,25 @@ class Worker:
         finally:
             self._end()
 
+    async def process_set_aside(self) -> None:
+        """Re-run the oldest set-aside batch for its feedback (its answers went out)."""
+        item = self.backlog.take()
+        self._begin(inline=False)
+        try:
+            await self.loop.run_in_executor(None, self.compute, item.batch, item.config,
+                                            item.received, item)
+        except Exception as exc:  # noqa: BLE001 - no one waits for it: say so, go on
+            self.log.error("feedback re-run failed batch=%s error=%r", item.batch.batch_id, exc,
+                           exc_info=exc)
+        finally:
+            self._end(count=False)
+
+    async def drain_feedback(self) -> None:
+        """Stopping: finish every set-aside batch, so no feedback is lost."""
+        self.stopping = True
+        while self.backlog:
+            await self.process_set_aside()
+
     def _fail(self, batch: Batch, exc: Exception) -> None:
         self.log.error("batch failed batch=%s error=%r", batch.batch_id, exc, exc_info=exc)
         self._publish([(batch.router, Results(
@@ -198,26 +226,61 @@ class Worker:
             error={"code": "payload_too_large" if "max_payload" in str(exc) else "internal",
                    "message": repr(exc)}).encode())])
 
-    def compute(self, batch: Batch, config: ExitConfig, received: float) -> None:
-        """Run this stage on one batch (called in a worker thread) and publish what it yields."""
+    def compute(self, batch: Batch, config: ExitConfig, received: float,
+                rerun: SetAside | None = None) -> None:
+        """Run this stage on one batch (called in a worker thread) and publish what it yields;
+        ``rerun``: a set-aside batch, run again for its feedback only."""
         n = len(batch.ids)
-        exit_at = (np.full(n, -1, dtype=np.int32) if batch.exit_at is None
-                   else np.array(batch.exit_at, dtype=np.int32))
+        if rerun is not None:
+            exit_at = rerun.exit_at.copy()
+        else:
+            exit_at = (np.full(n, -1, dtype=np.int32) if batch.exit_at is None
+                       else np.array(batch.exit_at, dtype=np.int32))
+        # only the last stage knows the rest is feedback (earlier ones feed later stages);
+        # an inline batch is too short to be worth cutting
+        may_cut = (self.plan.is_last and self.backlog.enabled and not self.stopping
+                   and not self.inline)
 
-        def on_early(ramp: int, idx: np.ndarray, labels, scores, logits) -> None:
-            self._answer(batch, config, received, idx, labels, scores,
-                         np.full(len(idx), ramp, dtype=np.int32), logits, early=True)
+        with self.runtime.interruptible() as run_options:
+            def only_feedback_left() -> None:
+                self.backlog.only_feedback_left(run_options, rerun is not None)
+                if not self.queue.empty():  # the loop thread checks the other way round
+                    self.backlog.preempt()
 
-        first = self.plan.stage == 0
-        model_inputs = batch.inputs if first else batch.carry
-        out = execute(self.runtime, self.ramps, self.plan.first_block, self.plan.last_block,
-                      batch.inputs if first else batch.inputs["x"], exit_at, config,
-                      on_early, batch.ramp_ids,
-                      None if batch.ramp_pred is None else list(batch.ramp_pred),
-                      None if batch.ramp_score is None else list(batch.ramp_score),
-                      model_inputs)
+            def on_early(ramp: int, idx: np.ndarray, labels, scores, logits) -> None:
+                self._answer(batch, config, received, idx, labels, scores,
+                             np.full(len(idx), ramp, dtype=np.int32), logits, early=True)
+                if may_cut and (exit_at >= 0).all():
+                    only_feedback_left()
+
+            if may_cut and rerun is not None:
+                only_feedback_left()
+            first = self.plan.stage == 0
+            model_inputs = batch.inputs if first else batch.carry
+            try:
+                out = execute(self.runtime, self.ramps, self.plan.first_block,
+                              self.plan.last_block, batch.inputs if first else batch.inputs["x"],
+                              exit_at, config, on_early, batch.ramp_ids,
+                              None if batch.ramp_pred is None else list(batch.ramp_pred),
+                              None if batch.ramp_score is None else list(batch.ramp_score),
+                              model_inputs)
+            except Exception:
+                if not run_options.terminate:
+                    raise
+                # stopped for a waiting request: every row has its answer; feedback later
+                self.backlog.set_aside(SetAside(batch, config, received, exit_at.copy()),
+                                       rerun is not None)
+                if rerun is None and first:
+                    self._release(batch, config)
+                return
+            finally:
+                self.backlog.run_over()
+        if rerun is not None:
+            self.backlog.rerun += 1
         stage_ms = batch.stage_ms + [out.ms]
-        if self.plan.is_last:  # answer first: the records below are bookkeeping
+        if self.plan.is_last and rerun is not None:
+            labels, score = ramp_outcome(out.output, config.score)
+        elif self.plan.is_last:  # answer first: the records below are bookkeeping
             logits = out.output
             labels, score = ramp_outcome(logits, config.score)
             rest = np.flatnonzero(out.exit_at < 0)
@@ -364,7 +427,12 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
                                        ort_spin="on" if spin else "off",
                                        config_version=worker.config.version))
     await stop.wait()
+    worker.stopping = True
     runner.cancel()
+    await worker.drain_feedback()
+    if worker.backlog.cut:
+        log.info("feedback runs set aside for waiting requests %s",
+                 logs.kv(cut=worker.backlog.cut, rerun=worker.backlog.rerun))
     if worker.telemetry.parts:  # nothing measured is dropped at shutdown
         await nc.publish(subjects.telemetry_samples(model), encode_map(**worker.telemetry.take()))
     await asyncio.to_thread(worker._store_heartbeat, socket.gethostname(), os.getpid(), "stopped")

@@ -1,0 +1,143 @@
+"""Feedback runs giving way to waiting requests (services/worker/feedback_backlog.py), as a
+policy and in a worker running the prepared EfficientNet-Lite0 stage."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from schemas.messages import Batch, ExitConfig, Results, decode_map
+from services.common import config as config_mod
+from services.worker.feedback_backlog import FeedbackBacklog, SetAside
+
+
+def _item(name: str) -> SetAside:
+    return SetAside(SimpleNamespace(batch_id=name), None, 0.0, np.zeros(1, np.int32))
+
+
+def test_only_a_feedback_only_run_is_stopped_and_only_with_room() -> None:
+    b = FeedbackBacklog(cap=1)
+    assert not b.preempt()                       # nothing running
+    ro = SimpleNamespace(terminate=False)
+    b.only_feedback_left(ro, rerun=False)
+    assert b.preempt() and ro.terminate
+    b.set_aside(_item("a"), rerun=False)
+    b.run_over()
+    ro2 = SimpleNamespace(terminate=False)
+    b.only_feedback_left(ro2, rerun=False)
+    assert not b.preempt() and not ro2.terminate  # full: this run goes to the end
+    ro3 = SimpleNamespace(terminate=False)
+    b.only_feedback_left(ro3, rerun=True)         # a re-run holds its place: always gives way
+    assert b.preempt() and ro3.terminate
+    assert b.cut == 1 and len(b) == 1
+
+
+def test_reruns_go_back_to_the_front() -> None:
+    b = FeedbackBacklog(cap=4)
+    for name in "abc":
+        b.set_aside(_item(name), rerun=False)
+    first = b.take()
+    b.set_aside(first, rerun=True)
+    assert [i.batch.batch_id for i in b.items] == ["a", "b", "c"] and b.cut == 3
+    with pytest.raises(ValueError, match=">= 0"):
+        FeedbackBacklog(-1)
+    assert not FeedbackBacklog(0).enabled
+
+
+def test_config_rejects_a_negative_backlog(monkeypatch) -> None:
+    monkeypatch.setenv("OFFRAMP_FEEDBACK_BACKLOG", "-2")
+    with pytest.raises(config_mod.ConfigError, match="OFFRAMP_FEEDBACK_BACKLOG"):
+        config_mod.load()
+
+
+def _worker(models_dir, backlog: int):
+    from services.models.manifest import Manifest
+    from services.models.runtime import StageRuntime
+    from services.worker.service import StagePlan, Worker
+
+    d = models_dir / "efficientnet-lite0"
+    manifest = Manifest.load(d)
+    runtime = StageRuntime(d, manifest, 0, manifest.num_blocks)
+    cfg = dataclasses.replace(config_mod.load(), feedback_backlog=backlog)
+    plan = StagePlan("efficientnet-lite0", 0, 1, 0, manifest.num_blocks)
+    w = Worker(SimpleNamespace(max_payload=8 << 20), cfg, plan, manifest, runtime, None,
+               logging.getLogger("test"))
+    sent: list[tuple[str, bytes]] = []
+    w._publish = sent.extend  # what would go on the bus, in order
+    return w, sent
+
+
+def _batch(name: str, n: int = 2) -> Batch:
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 255, (n, 3, 224, 224), dtype=np.uint8)
+    return Batch(name, "efficientnet-lite0", 0, "router.r", [f"{name}-{i}" for i in range(n)],
+                 1, {"image": frames})
+
+
+def _results(sent):
+    return [Results.decode(decode_map(data)) for subject, data in sent if subject == "router.r"]
+
+
+def test_a_waiting_request_stops_a_feedback_run_and_the_rerun_completes_it(models_dir) -> None:
+    async def go():
+        w, sent = _worker(models_dir, backlog=4)
+        cfg = ExitConfig("efficientnet-lite0", 1, thresholds={3: 1.0}, active=[3])
+        w.queue.put_nowait((_batch("next"), 0.0))     # a request is waiting
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, w.compute, _batch("a"), cfg, 0.0)
+        await asyncio.sleep(0)                          # the loop publishes what was handed over
+        res = _results(sent)
+        early = [r for r in res if r.early]
+        assert [i for r in early for i in r.ids] == ["a-0", "a-1"]  # every answer left at ramp 3
+        assert all(r.exits.tolist() == [3] * len(r.ids) for r in early)
+        assert [r.release for r in res] == [False] * len(early) + [True]  # credit back at once
+        assert not [r for r in res if not r.early and r.ids]   # no final answers
+        assert len(w.backlog) == 1 and w.backlog.cut == 1
+        assert not w.telemetry.parts                    # no feedback yet
+
+        w.queue.get_nowait()                            # idle now: the re-run goes to the end
+        sent.clear()
+        await w.process_set_aside()
+        await asyncio.sleep(0)
+        assert _results(sent) == [] and len(w.backlog) == 0 and w.backlog.rerun == 1
+        tel = w.telemetry.take()
+        assert tel["ids"] == ["a-0", "a-1"] and tel["config_version"] == 1
+        assert np.asarray(tel["exit_at"]).tolist() == [3, 3] and tel["ramp_ids"] == [3]
+        assert len(tel["final_pred"]) == 2
+        # the same frames run to the end without a waiting request: the same feedback
+        w2, _ = _worker(models_dir, backlog=4)
+        await loop.run_in_executor(None, w2.compute, _batch("a"), cfg, 0.0)
+        await asyncio.sleep(0)
+        ref = w2.telemetry.take()
+        assert np.asarray(ref["final_pred"]).tolist() == np.asarray(tel["final_pred"]).tolist()
+        assert np.allclose(ref["ramp_score"], tel["ramp_score"]) and w2.backlog.cut == 0
+
+    asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_without_a_backlog_or_room_runs_go_to_the_end(models_dir) -> None:
+    async def go():
+        cfg = ExitConfig("efficientnet-lite0", 1, thresholds={3: 1.0}, active=[3])
+        for backlog in (0, 1):
+            w, sent = _worker(models_dir, backlog=backlog)
+            if backlog:
+                w.backlog.set_aside(SetAside(_batch("old"), cfg, 0.0, np.full(2, 3, np.int32)),
+                                    rerun=False)        # full already
+            w.queue.put_nowait((_batch("next"), 0.0))
+            await asyncio.get_running_loop().run_in_executor(None, w.compute, _batch("a"),
+                                                             cfg, 0.0)
+            await asyncio.sleep(0)
+            assert [r.release for r in _results(sent)][-1] is True
+            assert w.telemetry.parts, f"backlog {backlog}: the run went to the end"
+            assert len(w.backlog) == backlog
+        # a stopping worker drains what was set aside
+        await w.drain_feedback()
+        assert len(w.backlog) == 0 and w.backlog.rerun == 1
+
+    asyncio.run(asyncio.wait_for(go(), 60))
+

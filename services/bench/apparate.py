@@ -44,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          help="apparate: delay before a decided config reaches the worker")
     _add(parser, "--tune-window", type=int, help="apparate: controller tuning window (samples)")
     _add(parser, "--slack-windows", type=int, help="apparate: clean windows per savings tune")
+    _add(parser, "--feedback-backlog", type=int, default=None,
+         help="apparate replay: runs whose sample answered early that the worker may set "
+         "aside for a sample that arrives (default 8, as OFFRAMP_FEEDBACK_BACKLOG; 0: every "
+         "run goes to the end)")
     _add(parser, "--grid-rounds", type=int, default=8,
          help="apparate: tune rounds compared with grid search (0: skip)")
     _add(parser, "--live", action="store_true",
@@ -101,7 +105,8 @@ def report(results: dict[str, Any], trace_path: str, meta: dict[str, Any],
 def table(doc: dict[str, Any]) -> str:
     n = doc["trace_meta"].get("n_samples", "?")
     lines = [(f"offramp bench apparate: {MODE} of {doc['trace']} ({n} samples; arrivals "
-             f"{doc['arrivals']}; one worker, FIFO, batch 1; constraint {doc['constraint']:.1%})"),
+             f"{doc['arrivals']}; one worker, FIFO, batch 1, feedback backlog "
+             f"{doc.get('feedback_backlog', 0)}; constraint {doc['constraint']:.1%})"),
              (f"{'policy':<9} {'p25 ms':>7} {'p50 ms':>7} {'p95 ms':>7} {'mean ms':>7} "
              f"{'agreement':>9} {'worst win':>9} {'exits':>6}")]
     for name in POLICIES:
@@ -269,7 +274,7 @@ def light_load(full_ms: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.sim.replay import arrivals_for, run_replay
+    from services.sim.replay import FEEDBACK_BACKLOG, arrivals_for, run_replay
     from services.sim.trace import Trace, TraceError
 
     if getattr(args, "live", False):
@@ -299,15 +304,20 @@ def run(args: argparse.Namespace) -> int:
         return 2
     ctl = {k: v for k, v in (("tune_window", args.tune_window),
                              ("slack_windows", args.slack_windows)) if v is not None}
+    backlog = FEEDBACK_BACKLOG if args.feedback_backlog is None else args.feedback_backlog
+    if backlog < 0:
+        print("error: --feedback-backlog must be >= 0", file=sys.stderr)
+        return 2
     print(f"replaying {trace.n_samples} samples x {trace.n_sites} ramps ...", file=sys.stderr,
           flush=True)
     results = run_replay(trace, arrivals, constraint=args.constraint, budget=args.budget,
                          delay_s=args.delay_ms / 1e3, grid_rounds=args.grid_rounds,
-                         controller=ctl)
+                         controller=ctl, feedback_backlog=backlog)
     meta = {**trace.meta, "n_samples": trace.n_samples, "n_sites": trace.n_sites,
             "full_ms": float(trace.prefix_ms[-1])}
     params = {"constraint": args.constraint, "budget": args.budget,
               "decision_delay_ms": args.delay_ms, "worker": "single, FIFO, batch size 1",
+              "feedback_backlog": backlog,
               "controller": results["offramp"].extra["params"]}
     doc = report(results, str(args.trace), meta, args.arrivals or "trace arrival_s", params)
     print(table(doc))

@@ -62,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
     os.environ["OFFRAMP_MODELS"] = args.model
     os.environ["OFFRAMP_RAMP_BUDGET"] = str(args.budget)  # the tuner and initial deployment
+    if getattr(args, "feedback_backlog", None) is not None:
+        if args.feedback_backlog < 0:
+            print("error: --feedback-backlog must be >= 0", file=sys.stderr)
+            return 2
+        os.environ["OFFRAMP_FEEDBACK_BACKLOG"] = str(args.feedback_backlog)  # the workers
     cfg = config_mod.load()
     n = args.requests
     try:
@@ -80,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     inputs = [{k: v[i] for k, v in b.items()}
               for b in blocks for i in range(len(next(iter(b.values()))))]
+    args.feedback_backlog = cfg.feedback_backlog
     replay = _replay(trace, arrival_s, args)
     static_t = replay["static"].extra["threshold"]
     ids = [int(i) for i in trace.meta["ramp_ids"]]
@@ -130,13 +136,15 @@ def _full_ms(manifest) -> float:
 
 
 def _replay(trace, arrival_s: np.ndarray, args: argparse.Namespace) -> dict:
-    from services.sim.replay import run_replay
+    from services.sim.replay import FEEDBACK_BACKLOG, run_replay
 
+    backlog = getattr(args, "feedback_backlog", None)
     ctl = {k: v for k, v in (("tune_window", args.tune_window),
                              ("slack_windows", args.slack_windows)) if v is not None}
     return run_replay(trace, arrival_s, constraint=args.constraint, budget=args.budget,
                       grid_rounds=args.grid_rounds, controller=ctl,
-                      policies=("static", "offramp"))
+                      policies=("static", "offramp"),
+                      feedback_backlog=FEEDBACK_BACKLOG if backlog is None else backlog)
 
 
 def _live_runs(cfg, sup, url: str, model: str, manifest, inputs: list, arrival_s: np.ndarray,
@@ -180,7 +188,7 @@ def report(runs: list[dict[str, dict[str, Any]]], trace, replay: dict,
         "mode": "live", "model": args.model, "workload": trace.meta.get("workload"),
         "scene_frames": trace.meta.get("scene_frames"), "requests": trace.n_samples,
         "arrivals": arrivals, "constraint": args.constraint, "budget": args.budget,
-        "repeats": len(runs),
+        "feedback_backlog": getattr(args, "feedback_backlog", None), "repeats": len(runs),
         "aggregate": "one run" if len(runs) == 1 else
                      f"median over {len(runs)} runs of the whole sequence",
         "agreement_reference": "the vanilla run's label for the same input",
@@ -219,7 +227,8 @@ def table(doc: dict[str, Any]) -> str:
     scenes = f", scenes {doc['scene_frames']}" if doc.get("scene_frames") else ""
     head = (f"offramp bench apparate --live: {doc['model']}, {doc['requests']} "
             f"{doc['workload']} samples{scenes}, arrivals {doc['arrivals']} (live, open loop; "
-            f"budget {doc['budget']:.0%}, constraint {doc['constraint']:.0%}; {doc['aggregate']})")
+            f"budget {doc['budget']:.0%}, constraint {doc['constraint']:.0%}, feedback backlog "
+            f"{doc.get('feedback_backlog', 0)}; {doc['aggregate']})")
     cols = (f"  {'policy':<9} {'p25 ms':>8} {'p50 ms':>8} {'p95 ms':>8} {'p50 vs van':>10} "
             f"{'p95 vs van':>10} {'agreement':>9} {'worst 16':>9} {'exits':>7}")
     lines = [head, cols]

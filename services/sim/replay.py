@@ -6,6 +6,9 @@ batch-1 latency profile is exact. In latency mode every sample runs the whole mo
 the ramps of the config it started under, so the worker is busy for ``full + sum(active ramp
 costs)``; its reply leaves at its exit point: ``prefix[site] + costs of the active ramps up to
 and including its exit ramp``, or at the end. Latency = reply time - arrival (with queueing).
+As in the live worker, the rest of a run whose sample already answered gives way to a sample
+that arrives and is redone when the worker is idle (``feedback_backlog``, see ``_event_loop``;
+0 replays runs that always go to the end).
 
 Policies, all on the same trace and arrivals:
 
@@ -14,7 +17,7 @@ Policies, all on the same trace and arrivals:
   ``static_frac`` of the stream (the largest that meets the constraint there), like
   BranchyNet / DeeBERT's one-time tuning (Apparate §4.4).
 - ``offramp``: ``services.tuner.controller.ExitController``, fed only the active ramps'
-  top-1 and score of each sample when the sample finishes; a new config applies from the next
+  top-1 and score of each sample when its feedback is complete; a new config applies from the next
   sample the worker starts at or after ``decision + delay``.
 - ``hindsight``: offramp's initial ramps with thresholds tuned on each block of samples with
   that very block (perfect foresight): the most threshold tuning can get out of these ramps,
@@ -30,7 +33,9 @@ pass (timeit's rule: on a shared machine the noise only ever adds time).
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +55,7 @@ from services.tuner.thresholds import (
     grid_search,
     tune,
 )
+from services.worker.feedback_backlog import DEFAULT_CAP as FEEDBACK_BACKLOG
 
 POLICIES = ("vanilla", "static", "offramp", "hindsight", "oracle")
 TIMING_PASSES = 3  # offramp replays per run whose per-call minimum is the reported wall time
@@ -102,22 +108,65 @@ Serve = Callable[[int], tuple[float, float, int, int]]
 
 def _event_loop(trace: Trace, arrivals: np.ndarray, serve: Serve,
                 done: Callable[[int, float], list[tuple[float, Callable[[], None]]]] | None,
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """FIFO single worker. ``done(i, t)`` runs when sample i finishes at time t and returns
-    (effective time, apply) pairs; each applies before the first sample starting at/after it."""
+                backlog: int = FEEDBACK_BACKLOG) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One worker, FIFO, latency mode: sample i's run lasts ``busy`` ms and its reply leaves
+    at ``reply`` ms. The rest of a run whose sample answered early only computes feedback
+    and gives way like the live worker's (``services/worker/feedback_backlog.py``): if the
+    next sample arrives before that run ends, the run stops there and is set aside (while
+    fewer than ``backlog`` wait; else it runs to its end first); set-aside runs are redone
+    from the start, oldest first, while the worker is idle, and a redo stops (its progress
+    lost) when a sample arrives. ``backlog`` 0: every run goes to the end.
+
+    ``done(i, t)`` runs when sample i's feedback is complete at time t (so feedback can
+    arrive out of order, as live) and returns (effective time, apply) pairs; each applies
+    before the first sample starting at/after it."""
     n = trace.n_samples
     lat, ans, site = np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64)
-    free, pending = 0.0, []  # pending: sorted by effective time
+    busy_s = np.empty(n)
+    free = 0.0                              # when the answer-critical work in hand ends
+    tail: tuple[int, float] | None = None   # (sample, its run's end): only feedback left
+    aside: deque[int] = deque()             # samples whose run was stopped, oldest first
+    pending: list[tuple[float, Callable[[], None]]] = []  # sorted by effective time
+
+    def finish(i: int, t: float) -> None:
+        if done is not None:
+            pending.extend(done(i, t))
+            pending.sort(key=lambda p: p[0])
+
+    def feedback_until(t: float) -> float:
+        """Feedback work from ``free`` on, until a sample is due at ``t``; returns when the
+        worker can start it."""
+        nonlocal tail
+        now = free
+        if tail is not None:
+            j, end = tail
+            tail = None
+            if end <= t or len(aside) >= backlog:
+                finish(j, end)
+                now = end
+            else:
+                aside.append(j)
+                return t
+        while aside and now + busy_s[aside[0]] <= t:
+            j = aside.popleft()
+            now += busy_s[j]
+            finish(j, now)
+        return max(now, t)
+
     for i in range(n):
-        start = max(float(arrivals[i]), free)
+        start = feedback_until(max(float(arrivals[i]), free))
         while pending and pending[0][0] <= start:
             pending.pop(0)[1]()
         reply_ms, busy_ms, ans[i], site[i] = serve(i)
+        busy_s[i] = busy_ms / 1e3
         lat[i] = (start - arrivals[i]) * 1e3 + reply_ms
-        free = start + busy_ms / 1e3
-        if done is not None:
-            pending.extend(done(i, free))
-            pending.sort(key=lambda p: p[0])
+        if backlog > 0 and reply_ms < busy_ms:
+            free = start + reply_ms / 1e3
+            tail = (i, start + busy_s[i])
+        else:
+            free = start + busy_s[i]
+            finish(i, free)
+    feedback_until(math.inf)  # the stream is over: every feedback completes
     return lat, ans, site
 
 
@@ -146,13 +195,15 @@ def _threshold_server(trace: Trace,
     return serve
 
 
-def run_vanilla(trace: Trace, arrivals: np.ndarray, window: int = 16) -> PolicyResult:
+def run_vanilla(trace: Trace, arrivals: np.ndarray, window: int = 16,
+                backlog: int = FEEDBACK_BACKLOG) -> PolicyResult:
     lat, ans, site = _event_loop(trace, arrivals, _threshold_server(trace, lambda i: ((), ())),
-                                 None)
+                                 None, backlog)
     return _result("vanilla", trace, lat, ans, site, window)
 
 
-def run_oracle(trace: Trace, arrivals: np.ndarray, window: int = 16) -> PolicyResult:
+def run_oracle(trace: Trace, arrivals: np.ndarray, window: int = 16,
+               backlog: int = FEEDBACK_BACKLOG) -> PolicyResult:
     right = trace.ramp_pred == trace.final_pred
     first = np.where(right.any(axis=0), right.argmax(axis=0), -1)
     full = float(trace.prefix_ms[-1])
@@ -161,7 +212,7 @@ def run_oracle(trace: Trace, arrivals: np.ndarray, window: int = 16) -> PolicyRe
         s = int(first[i])
         return (float(trace.prefix_ms[s]) if s >= 0 else full), full, int(trace.final_pred[i]), s
 
-    lat, ans, site = _event_loop(trace, arrivals, serve, None)
+    lat, ans, site = _event_loop(trace, arrivals, serve, None, backlog)
     return _result("oracle", trace, lat, ans, site, window)
 
 
@@ -184,10 +235,12 @@ def static_threshold(trace: Trace, constraint: float = DEFAULT_CONSTRAINT,
 
 
 def run_static(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_CONSTRAINT,
-               frac: float = 0.1, window: int = 16) -> PolicyResult:
+               frac: float = 0.1, window: int = 16,
+               backlog: int = FEEDBACK_BACKLOG) -> PolicyResult:
     t = static_threshold(trace, constraint, frac)
     cfg = (tuple(range(trace.n_sites)), (t,) * trace.n_sites)
-    lat, ans, site = _event_loop(trace, arrivals, _threshold_server(trace, lambda i: cfg), None)
+    lat, ans, site = _event_loop(trace, arrivals, _threshold_server(trace, lambda i: cfg), None,
+                                 backlog)
     return _result("static", trace, lat, ans, site, window, threshold=t, tuned_on_frac=frac)
 
 
@@ -203,20 +256,23 @@ def make_controller(trace: Trace, constraint: float = DEFAULT_CONSTRAINT,
 
 
 def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
-                delay_s: float = 0.0, window: int = 16) -> PolicyResult:
+                delay_s: float = 0.0, window: int = 16,
+                backlog: int = FEEDBACK_BACKLOG) -> PolicyResult:
     deployed = {"cfg": (controller.active, controller.thresholds)}
     decisions: list[dict[str, Any]] = []
     raw: list[Decision] = []
     wall: dict[str, list[float]] = {"tune": [], "adjust": [], "record": [], "skipped": []}
     n_active = np.empty(trace.n_samples, np.int64)
+    served: dict[int, tuple[int, ...]] = {}  # active ramps each sample ran with, until its feedback
     inner = _threshold_server(trace, lambda i: deployed["cfg"])
 
     def serve(i: int) -> tuple[float, float, int, int]:
-        n_active[i] = len(deployed["cfg"][0])
+        served[i] = deployed["cfg"][0]
+        n_active[i] = len(served[i])
         return inner(i)
 
     def done(i: int, t: float) -> list[tuple[float, Callable[[], None]]]:
-        active = deployed["cfg"][0]
+        active = served.pop(i)  # feedback may come after a new config was applied
         t0 = time.perf_counter()
         triggers = controller.record(trace.window(active, i, i + 1))
         wall["record"].append((time.perf_counter() - t0) * 1e3)
@@ -237,7 +293,7 @@ def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
                 out.append((t + delay_s, lambda cfg=cfg: deployed.__setitem__("cfg", cfg)))
         return out
 
-    lat, ans, site = _event_loop(trace, arrivals, serve, done)
+    lat, ans, site = _event_loop(trace, arrivals, serve, done, backlog)
     return _result("offramp", trace, lat, ans, site, window, decisions=decisions,
                    raw_decisions=raw, wall_ms=wall, n_active=n_active,
                    counts=dict(controller.counts), params=controller.params())
@@ -304,7 +360,7 @@ def grid_gaps(decisions: list[Decision], trace: Trace, constraint: float = DEFAU
 
 def run_hindsight(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_CONSTRAINT,
                   budget: float = DEFAULT_BUDGET, every: int = DEFAULT_TUNE_WINDOW,
-                  window: int = 16) -> PolicyResult:
+                  window: int = 16, backlog: int = FEEDBACK_BACKLOG) -> PolicyResult:
     """A bound on what threshold tuning alone can do with these ramps: the initial deployment's
     ramps (offramp's starting point), thresholds tuned by the same hill climb on each block of
     ``every`` samples *with those very samples* (perfect foresight, per block). A causal tuner
@@ -321,7 +377,7 @@ def run_hindsight(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAUL
         blocks.append(tuple(tune(trace.window(active, start, stop), prof, constraint).thresholds)
                       if active else ())
     serve = _threshold_server(trace, lambda i: (active, blocks[i // every]))
-    lat, ans, site = _event_loop(trace, arrivals, serve, None)
+    lat, ans, site = _event_loop(trace, arrivals, serve, None, backlog)
     return _result("hindsight", trace, lat, ans, site, window, active=list(active), every=every)
 
 
@@ -330,30 +386,34 @@ def run_replay(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_C
                static_frac: float = 0.1, grid_rounds: int = 8,
                controller: dict[str, Any] | None = None,
                policies: tuple[str, ...] = POLICIES,
-               timing_passes: int = TIMING_PASSES) -> dict[str, PolicyResult | dict]:
+               timing_passes: int = TIMING_PASSES,
+               feedback_backlog: int = FEEDBACK_BACKLOG) -> dict[str, PolicyResult | dict]:
     """Every policy on the same trace and arrivals; offramp also gets its grid gap."""
     if timing_passes < 1:
         raise ValueError(f"timing_passes must be >= 1, got {timing_passes}")
+    if feedback_backlog < 0:
+        raise ValueError(f"feedback_backlog must be >= 0, got {feedback_backlog}")
+    fb = feedback_backlog
     out: dict[str, PolicyResult | dict] = {}
     for name in policies:
         if name == "vanilla":
-            out[name] = run_vanilla(trace, arrivals, window)
+            out[name] = run_vanilla(trace, arrivals, window, fb)
         elif name == "static":
-            out[name] = run_static(trace, arrivals, constraint, static_frac, window)
+            out[name] = run_static(trace, arrivals, constraint, static_frac, window, fb)
         elif name == "oracle":
-            out[name] = run_oracle(trace, arrivals, window)
+            out[name] = run_oracle(trace, arrivals, window, fb)
         elif name == "hindsight":
             every = int((controller or {}).get("tune_window", DEFAULT_TUNE_WINDOW))
-            out[name] = run_hindsight(trace, arrivals, constraint, budget, every, window)
+            out[name] = run_hindsight(trace, arrivals, constraint, budget, every, window, fb)
         elif name == "offramp":
             def fresh() -> ExitController:
                 return make_controller(trace, constraint, budget, window=window,
                                        **(controller or {}))
 
             ctl = fresh()
-            res = run_offramp(trace, arrivals, ctl, delay_s, window)
+            res = run_offramp(trace, arrivals, ctl, delay_s, window, fb)
             for _ in range(timing_passes - 1):
-                again = run_offramp(trace, arrivals, fresh(), delay_s, window)
+                again = run_offramp(trace, arrivals, fresh(), delay_s, window, fb)
                 res.extra["wall_ms"] = fastest_pass(res, again)
             res.extra["timing_passes"] = timing_passes
             if grid_rounds > 0:

@@ -25,6 +25,8 @@ import numpy as np
 
 from schemas.messages import Batch, ExitConfig
 
+DEFAULT_CAP = 8  # OFFRAMP_FEEDBACK_BACKLOG's default
+
 
 @dataclass(frozen=True)
 class SetAside:

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from services.sim.replay import (
+    _event_loop,
+    _threshold_server,
     fastest_pass,
     make_controller,
     run_hindsight,
@@ -102,18 +104,61 @@ def test_hindsight_bounds_the_causal_controller_on_drift() -> None:
     assert res["hindsight"].latency_ms.mean() <= res["offramp"].latency_ms.mean() + 1e-9
 
 
-def test_fifo_queueing_on_three_arrivals() -> None:
+def test_fifo_queueing_on_three_arrivals_when_runs_go_to_the_end() -> None:
     final = np.array([1, 2, 3])
     pred = np.stack([final, final])
     tr = trace_of(pred, np.full((2, 3), 0.1), final, np.array([0.0, 0.005, 0.030]))
-    van = run_vanilla(tr, tr.arrival_s)
+    van = run_vanilla(tr, tr.arrival_s, backlog=0)
     # sample 1 arrives at 5 ms while sample 0 runs until 10 ms: waits 5 ms
     assert np.allclose(van.latency_ms, [10.0, 15.0, 10.0])
-    static = run_static(tr, tr.arrival_s)  # threshold > 0.1: everything exits at ramp 0
+    static = run_static(tr, tr.arrival_s, backlog=0)  # threshold > 0.1: all exit at ramp 0
     # reply at 2 + 0.1 ms, but the worker stays busy for 10 + 0.2 ms (latency mode)
     assert np.allclose(static.latency_ms, [2.1, 5.2 + 2.1, 2.1])
-    ora = run_oracle(tr, tr.arrival_s)  # no ramp costs: busy exactly 10 ms
+    ora = run_oracle(tr, tr.arrival_s, backlog=0)  # no ramp costs: busy exactly 10 ms
     assert np.allclose(ora.latency_ms, [2.0, 7.0, 2.0])
+
+
+def _finishes(tr: Trace, backlog: int) -> tuple[np.ndarray, list[tuple[int, float]]]:
+    got: list[tuple[int, float]] = []
+    cfg = ((0, 1), (0.5, 0.5))  # every sample answers at ramp 0 (score 0.1)
+
+    def done(i: int, t: float) -> list:
+        got.append((i, round(t * 1e3, 6)))
+        return []
+
+    lat, _, _ = _event_loop(tr, tr.arrival_s, _threshold_server(tr, lambda i: cfg), done,
+                            backlog)
+    return lat, got
+
+
+def test_feedback_only_runs_give_way_and_are_redone_when_idle() -> None:
+    final = np.array([1, 2, 3])
+    pred = np.stack([final, final])
+    tr = trace_of(pred, np.full((2, 3), 0.1), final, np.array([0.0, 0.005, 0.030]))
+    # sample 1 arrives at 5 ms: sample 0's run (answered at 2.1 ms) stops for it; sample 1's
+    # run ends at 15.2 ms, sample 0 is redone from 15.2 to 25.4 ms, before sample 2 at 30 ms
+    lat, got = _finishes(tr, backlog=8)
+    assert np.allclose(lat, [2.1, 2.1, 2.1])
+    assert got == [(1, 15.2), (0, 25.4), (2, 40.2)]  # feedback out of order, none lost
+    assert np.allclose(run_vanilla(tr, tr.arrival_s).latency_ms, [10.0, 15.0, 10.0])  # no exits
+    assert np.allclose(run_oracle(tr, tr.arrival_s).latency_ms, [2.0, 2.0, 2.0])
+
+
+def test_a_full_backlog_runs_to_the_end_and_a_redo_loses_its_progress() -> None:
+    final = np.array([1, 2, 3])
+    pred = np.stack([final, final])
+    tr = trace_of(pred, np.full((2, 3), 0.1), final, np.array([0.0, 0.005, 0.008]))
+    lat, got = _finishes(tr, backlog=1)
+    # sample 0 set aside at 5 ms (backlog now full); sample 2 arrives at 8 ms during sample
+    # 1's feedback, which must run to its end (15.2 ms) first
+    assert np.allclose(lat, [2.1, 2.1, 7.2 + 2.1])
+    assert got == [(1, 15.2), (2, 25.4), (0, 35.6)]
+    # a redo started while idle stops (from scratch) when a sample arrives
+    tr2 = trace_of(pred, np.full((2, 3), 0.1), final, np.array([0.0, 0.005, 0.020]))
+    lat2, got2 = _finishes(tr2, backlog=8)
+    # sample 1's run ends at 15.2; the redo of sample 0 would end at 25.4 > 20: it stops
+    assert np.allclose(lat2, [2.1, 2.1, 2.1])
+    assert got2 == [(1, 15.2), (2, 30.2), (0, 40.4)]
 
 
 def test_decision_delay_defers_configs() -> None:

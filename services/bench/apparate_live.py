@@ -262,6 +262,12 @@ def table(doc: dict[str, Any]) -> str:
                  f"initial ramps {o['initial_active'] or 'none'}, configs per run "
                  f"{[r['offramp']['configs'] for r in runs]}, active ramps over time (last run) "
                  f"{o['active_ramps_over_time']}")
+    if o.get("by_exit"):
+        lines.append("  offramp answers by where they came from (last run; n, p50 / p75 ms end to "
+                     "end, served): " + "; ".join(
+                         f"{'ramp ' + k if k != 'final' else k} {g['n']}, {ms(g['p50_ms'])} / "
+                         f"{ms(g['p75_ms'])}, {ms(g['serving_p50_ms'])} / "
+                         f"{ms(g['serving_p75_ms'])}" for k, g in o["by_exit"].items()))
     lines.append(f"  oracle: {doc['oracle']['source']}")
     lines.append(f"  tuning p50 {ms(doc['tuning_ms_p50'])} ms, ramp adjustment p50 "
                  f"{ms(doc['adjust_ms_p50'])} ms, grid gap "

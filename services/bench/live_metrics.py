@@ -43,6 +43,24 @@ def run_summary(outcomes: Sequence[Outcome], reference: np.ndarray, window: int 
     out["compared"] = int(agree.size)
     out["exit_rate"] = float(np.mean([o.early for o in ok])) if ok else None
     out["config_versions"] = sorted({o.config_version for o in ok})
+    out["by_exit"] = by_exit(ok)
+    return out
+
+
+def by_exit(ok: Sequence[Outcome]) -> dict[str, dict[str, Any]]:
+    """Answers grouped by where they came from (ramp index, "final"): how many, and their
+    p50 / p75 latency end to end and served. Shows whether early answers are early: before
+    runs gave way, EfficientNet's answers at ramp 3 had a p75 near the final answers' p50."""
+    groups: dict[str, list[Outcome]] = {}
+    for o in ok:
+        groups.setdefault(str(o.exit) if o.early else "final", []).append(o)
+    out: dict[str, dict[str, Any]] = {}
+    for key in sorted(groups, key=lambda k: (k == "final", int(k) if k != "final" else 0)):
+        g = groups[key]
+        lat = np.array([o.latency_ms for o in g], np.float64)
+        srv = np.array([o.serving_ms for o in g if o.serving_ms is not None], np.float64)
+        out[key] = {"n": len(g), "p50_ms": _pct(lat, 50), "p75_ms": _pct(lat, 75),
+                    "serving_p50_ms": _pct(srv, 50), "serving_p75_ms": _pct(srv, 75)}
     return out
 
 
@@ -136,7 +154,7 @@ def aggregate(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         agg = dict(first) if len(runs) == 1 else {
             k: v for k, v in first.items() if k not in SUMMED and k not in
             ("requests", "ok", "errors", "compared", "config_versions", "timeline",
-             "active_ramps_over_time", "configs")}
+             "active_ramps_over_time", "configs", "by_exit")}  # per run: see ``runs``
         if len(runs) > 1:
             for k in SUMMED:
                 if k in first:

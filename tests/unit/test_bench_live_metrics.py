@@ -7,6 +7,7 @@ import pytest
 
 from services.bench.live_metrics import (
     active_over_time,
+    aggregate,
     labels_by_index,
     oracle_latency,
     run_summary,
@@ -114,3 +115,22 @@ def test_live_series_follow_the_config_each_answer_carried():
     assert active.tolist() == [1, 1, 2, 2]
     assert np.isnan(th[0, :2]).all() and th[0, 2:].tolist() == [0.1, 0.1]
     assert th[1, :2].tolist() == [0.2, 0.2] and np.isnan(th[1, 2:]).all()
+
+
+def test_answers_are_broken_down_by_where_they_came_from():
+    outs = [Outcome(i, True, float(ms), "ok", site >= 0, site, 0, 1, f"r{i}")
+            for i, (site, ms) in enumerate([(3, 4), (3, 6), (-1, 9), (3, 8), (0, 2)])]
+    outs.append(Outcome(5, False, 99.0, "timeout"))  # failed: not an answer
+    for o, srv in zip(outs, [3.0, 5.0, 8.0, None, 1.0], strict=False):
+        o.serving_ms = srv
+    got = run_summary(outs, np.zeros(6, np.int64))["by_exit"]
+    assert list(got) == ["0", "3", "final"]  # ramps in order, then the final layer
+    assert got["3"]["n"] == 3 and got["3"]["p50_ms"] == pytest.approx(6.0)
+    assert got["3"]["p75_ms"] == pytest.approx(7.0)
+    assert got["3"]["serving_p50_ms"] == pytest.approx(4.0)  # the two known records
+    assert got["final"] == {"n": 1, "p50_ms": 9.0, "p75_ms": 9.0, "serving_p50_ms": 8.0,
+                            "serving_p75_ms": 8.0}
+    one = {"vanilla": run_summary(outs, np.zeros(6, np.int64))}
+    one["static"] = one["offramp"] = one["oracle"] = one["vanilla"]
+    assert "by_exit" in aggregate([one])["offramp"]           # one run: that run's
+    assert "by_exit" not in aggregate([one, one])["offramp"]  # several: per run only

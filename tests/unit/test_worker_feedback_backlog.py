@@ -55,14 +55,14 @@ def test_config_rejects_a_negative_backlog(monkeypatch) -> None:
         config_mod.load()
 
 
-def _worker(models_dir, backlog: int):
+def _worker(models_dir, backlog: int, use_taps: bool = True):
     from services.models.manifest import Manifest
     from services.models.runtime import StageRuntime
     from services.worker.service import StagePlan, Worker
 
     d = models_dir / "efficientnet-lite0"
     manifest = Manifest.load(d)
-    runtime = StageRuntime(d, manifest, 0, manifest.num_blocks)
+    runtime = StageRuntime(d, manifest, 0, manifest.num_blocks, use_taps=use_taps)
     cfg = dataclasses.replace(config_mod.load(), feedback_backlog=backlog)
     plan = StagePlan("efficientnet-lite0", 0, 1, 0, manifest.num_blocks)
     w = Worker(SimpleNamespace(max_payload=8 << 20), cfg, plan, manifest, runtime, None,
@@ -83,9 +83,11 @@ def _results(sent):
     return [Results.decode(decode_map(data)) for subject, data in sent if subject == "router.r"]
 
 
-def test_a_waiting_request_stops_a_feedback_run_and_the_rerun_completes_it(models_dir) -> None:
+@pytest.mark.parametrize("use_taps", [True, False], ids=["tapped", "split"])
+def test_a_waiting_request_stops_a_feedback_run_and_the_rerun_completes_it(
+        models_dir, use_taps) -> None:
     async def go():
-        w, sent = _worker(models_dir, backlog=4)
+        w, sent = _worker(models_dir, backlog=4, use_taps=use_taps)
         cfg = ExitConfig("efficientnet-lite0", 1, thresholds={3: 1.0}, active=[3])
         w.queue.put_nowait((_batch("next"), 0.0))     # a request is waiting
         loop = asyncio.get_running_loop()
@@ -110,7 +112,7 @@ def test_a_waiting_request_stops_a_feedback_run_and_the_rerun_completes_it(model
         assert np.asarray(tel["exit_at"]).tolist() == [3, 3] and tel["ramp_ids"] == [3]
         assert len(tel["final_pred"]) == 2
         # the same frames run to the end without a waiting request: the same feedback
-        w2, _ = _worker(models_dir, backlog=4)
+        w2, _ = _worker(models_dir, backlog=4, use_taps=use_taps)
         await loop.run_in_executor(None, w2.compute, _batch("a"), cfg, 0.0)
         await asyncio.sleep(0)
         ref = w2.telemetry.take()

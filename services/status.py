@@ -36,7 +36,8 @@ def render(status: dict[str, Any]) -> str:
                      f"errors={m['errors']} early={m['early']} p50={p50}ms p95={p95}ms")
         for w in m["workers"]:
             lines.append(f"  worker {w['id']} stage={w['stage']} pid={w['pid']} credit={w['credit']} "
-                         f"exit_config=v{w['config_version']}")
+                         f"exit_config=v{w['config_version']} gave_way={w.get('gave_way', 0)} "
+                         f"set_aside={w.get('set_aside', 0)}")
     monitor = status.get("monitor", {})
     if "error" in monitor:
         lines.append(f"monitor: {monitor['error']}")

@@ -306,7 +306,8 @@ class Router:
                 return
             new = self.registry.heartbeat(hb["worker"], model, int(hb["stage"]), int(hb["stages"]),
                                           int(hb["capacity"]), time.monotonic(), int(hb.get("pid", 0)),
-                                          int(hb.get("config_version", 0)))
+                                          int(hb.get("config_version", 0)),
+                                          int(hb.get("set_aside", 0)), int(hb.get("gave_way", 0)))
             if new:
                 self.log.info("worker joined %s", logs.kv(worker=hb["worker"], model=model,
                                                          stage=hb["stage"]))
@@ -381,7 +382,8 @@ class Router:
                 "p50_ms": None if lat is None else float(np.percentile(lat, 50)),
                 "p95_ms": None if lat is None else float(np.percentile(lat, 95)),
                 "workers": [{"id": w.id, "stage": w.stage, "pid": w.pid, "credit": w.credit,
-                             "config_version": w.config_version}
+                             "config_version": w.config_version, "set_aside": w.set_aside,
+                             "gave_way": w.gave_way}
                             for w in self.registry.for_model(name)],
             }
         await msg.respond(pack({"v": 1, "router": self.id, "models": out}))

@@ -27,6 +27,8 @@ class WorkerState:
     last_seen: float
     pid: int = 0
     config_version: int = 0
+    set_aside: int = 0   # batches whose feedback run gave way, waiting for a re-run
+    gave_way: int = 0    # runs it stopped for a waiting batch since start
     inflight: dict[str, Inflight] = field(default_factory=dict)
 
     @property
@@ -40,16 +42,18 @@ class WorkerRegistry:
         self.workers: dict[str, WorkerState] = {}
 
     def heartbeat(self, worker: str, model: str, stage: int, stages: int, capacity: int,
-                  now: float, pid: int = 0, config_version: int = 0) -> bool:
+                  now: float, pid: int = 0, config_version: int = 0, set_aside: int = 0,
+                  gave_way: int = 0) -> bool:
         """Record a heartbeat; True when the worker is new (or came back)."""
         state = self.workers.get(worker)
         if state is None:
             self.workers[worker] = WorkerState(worker, model, stage, stages, capacity, now, pid,
-                                               config_version)
+                                               config_version, set_aside, gave_way)
             return True
         state.last_seen = now
         state.capacity = capacity
         state.config_version = config_version
+        state.set_aside, state.gave_way = set_aside, gave_way
         return False
 
     def remove(self, worker: str) -> WorkerState | None:

@@ -277,6 +277,9 @@ def run(args: argparse.Namespace) -> int:
     from services.sim.replay import FEEDBACK_BACKLOG, arrivals_for, run_replay
     from services.sim.trace import Trace, TraceError
 
+    if (getattr(args, "feedback_backlog", None) or 0) < 0:
+        print("error: --feedback-backlog must be >= 0", file=sys.stderr)
+        return 2
     if getattr(args, "live", False):
         from services.bench import apparate_live
 
@@ -305,9 +308,6 @@ def run(args: argparse.Namespace) -> int:
     ctl = {k: v for k, v in (("tune_window", args.tune_window),
                              ("slack_windows", args.slack_windows)) if v is not None}
     backlog = FEEDBACK_BACKLOG if args.feedback_backlog is None else args.feedback_backlog
-    if backlog < 0:
-        print("error: --feedback-backlog must be >= 0", file=sys.stderr)
-        return 2
     print(f"replaying {trace.n_samples} samples x {trace.n_sites} ramps ...", file=sys.stderr,
           flush=True)
     results = run_replay(trace, arrivals, constraint=args.constraint, budget=args.budget,

@@ -62,10 +62,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     os.environ["OFFRAMP_MODELS"] = args.model
     os.environ["OFFRAMP_RAMP_BUDGET"] = str(args.budget)  # the tuner and initial deployment
-    if getattr(args, "feedback_backlog", None) is not None:
-        if args.feedback_backlog < 0:
-            print("error: --feedback-backlog must be >= 0", file=sys.stderr)
-            return 2
+    if getattr(args, "feedback_backlog", None) is not None:  # checked by apparate.run
         os.environ["OFFRAMP_FEEDBACK_BACKLOG"] = str(args.feedback_backlog)  # the workers
     cfg = config_mod.load()
     n = args.requests
@@ -85,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     inputs = [{k: v[i] for k, v in b.items()}
               for b in blocks for i in range(len(next(iter(b.values()))))]
-    args.feedback_backlog = cfg.feedback_backlog
-    replay = _replay(trace, arrival_s, args)
+    replay = _replay(trace, arrival_s, args, cfg.feedback_backlog)
     static_t = replay["static"].extra["threshold"]
     ids = [int(i) for i in trace.meta["ramp_ids"]]
 
@@ -105,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         sup.stop()
     doc = report(runs, trace, replay, args, spec)
+    doc["feedback_backlog"] = cfg.feedback_backlog
     doc["machine"] = _machine()
     print(table(doc))
     Path(args.json).write_text(json.dumps(doc, indent=1, default=float) + "\n")
@@ -135,16 +132,16 @@ def _full_ms(manifest) -> float:
     return LatencyProfile.from_manifest(manifest).full_ms
 
 
-def _replay(trace, arrival_s: np.ndarray, args: argparse.Namespace) -> dict:
-    from services.sim.replay import FEEDBACK_BACKLOG, run_replay
+def _replay(trace, arrival_s: np.ndarray, args: argparse.Namespace, backlog: int) -> dict:
+    """Static's threshold and the tuner's timings, replayed like the workers serve."""
+    from services.sim.replay import run_replay
 
-    backlog = getattr(args, "feedback_backlog", None)
     ctl = {k: v for k, v in (("tune_window", args.tune_window),
                              ("slack_windows", args.slack_windows)) if v is not None}
     return run_replay(trace, arrival_s, constraint=args.constraint, budget=args.budget,
                       grid_rounds=args.grid_rounds, controller=ctl,
                       policies=("static", "offramp"),
-                      feedback_backlog=FEEDBACK_BACKLOG if backlog is None else backlog)
+                      feedback_backlog=backlog)
 
 
 def _live_runs(cfg, sup, url: str, model: str, manifest, inputs: list, arrival_s: np.ndarray,
@@ -188,7 +185,7 @@ def report(runs: list[dict[str, dict[str, Any]]], trace, replay: dict,
         "mode": "live", "model": args.model, "workload": trace.meta.get("workload"),
         "scene_frames": trace.meta.get("scene_frames"), "requests": trace.n_samples,
         "arrivals": arrivals, "constraint": args.constraint, "budget": args.budget,
-        "feedback_backlog": getattr(args, "feedback_backlog", None), "repeats": len(runs),
+        "repeats": len(runs),
         "aggregate": "one run" if len(runs) == 1 else
                      f"median over {len(runs)} runs of the whole sequence",
         "agreement_reference": "the vanilla run's label for the same input",

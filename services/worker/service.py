@@ -16,6 +16,7 @@ import os
 import socket
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -241,7 +242,8 @@ class Worker:
         may_cut = (self.plan.is_last and self.backlog.enabled and not self.stopping
                    and not self.inline)
 
-        with self.runtime.interruptible() as run_options:
+        # no RunOptions on the request path unless this run may give way
+        with self.runtime.interruptible() if may_cut else nullcontext() as run_options:
             def only_feedback_left() -> None:
                 self.backlog.only_feedback_left(run_options, rerun is not None)
                 if not self.queue.empty():  # the loop thread checks the other way round
@@ -265,7 +267,7 @@ class Worker:
                               None if batch.ramp_score is None else list(batch.ramp_score),
                               model_inputs)
             except Exception:
-                if not run_options.terminate:
+                if run_options is None or not run_options.terminate:
                     raise
                 # stopped for a waiting request: every row has its answer; feedback later
                 self.backlog.set_aside(SetAside(batch, config, received, exit_at.copy()),

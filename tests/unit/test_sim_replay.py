@@ -251,6 +251,11 @@ def test_bench_apparate_writes_json_and_svg(tmp_path, capsys) -> None:
     assert {"tuning_ms_p50", "adjust_ms_p50", "grid_gap", "machine"} <= set(doc)
     assert ET.parse(svg).getroot().tag.endswith("svg")
     assert apparate.main(["--trace", str(tmp_path / "nope.npz"), "--json", str(out)]) == 2
+    assert doc["feedback_backlog"] == 8 and doc["timing_passes"] == 3
+    for live in ([], ["--live", "--workload", "video"]):  # checked before anything starts
+        assert apparate.main(["--trace", str(path), "--json", str(out),
+                              "--feedback-backlog", "-1", *live]) == 2
+        assert "--feedback-backlog must be >= 0" in capsys.readouterr().err
 
 
 def test_bench_apparate_defaults_to_light_load_without_arrivals(tmp_path, capsys) -> None:

@@ -195,27 +195,51 @@ def run_order(labels: np.ndarray, seed: int, mean_run: float = MEAN_RUN) -> np.n
     return np.asarray(out, np.int64)
 
 
+@functools.lru_cache(maxsize=4)
+def distill_texts(data_dir: Path | None = None) -> tuple[str, ...]:
+    """Quotes of every other fortunes topic (cookie, definitions, people, wisdom, ...):
+    texts without a label for the ramps to learn from, since a ramp learns what the final
+    model says (the final model labels them) and not the topic. Same cleaning as the
+    corpus (whitespace collapsed, at most ``MAX_CHARS``), deduplicated, and never a text
+    of the labelled corpus, so no held-out quote reaches ramp training. Sorted, so the
+    set is the same on every machine with the same fortunes package."""
+    from services.models.text_corpus import MAX_CHARS, fortune_entries
+
+    entries, _ = fortune_entries(cache_dir=data_dir)
+    labelled = set(corpus(data_dir).texts)
+    return tuple(sorted({e for topic, texts in entries.items() if topic not in CATEGORIES
+                         for e in texts if len(e) <= MAX_CHARS} - labelled))
+
+
 def bootstrap_size() -> int:
-    """How many distinct samples :func:`bootstrap` can give (the training split)."""
-    return len(splits()[0])
+    """How many distinct samples :func:`bootstrap` can give (training split + distillation
+    texts)."""
+    return len(splits()[0]) + len(distill_texts())
 
 
 def bootstrap(n: int, seed: int, chunk: int = BOOTSTRAP_CHUNK
               ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
-    """Encoded training-split quotes in chunks, with group ids (runs of ``GROUP_SIZE``).
+    """Encoded ramp-training texts in chunks, with group ids (runs of ``GROUP_SIZE``):
+    the training split's quotes in :func:`run_order` (topic runs), then the
+    :func:`distill_texts` shuffled by ``seed``.
 
-    Each quote appears at most once, so group-wise held-out folds never share a text with
-    training folds. ``n`` is capped at the training split size (:func:`bootstrap_size`,
-    3,065 quotes with the current corpus); the order is :func:`run_order` (topic runs).
+    The training split alone (3,065 quotes) left the linear ramps overfitted (train
+    agreement 0.88-1.00 against 0.64-0.84 held out); with the 9,171 distillation texts
+    added, a probe on the 765 held-out quotes measured +3-6 points of agreement per ramp
+    and, at the last site, 0.50 -> 0.71 of the quotes answerable at 99 % agreement.
+    Each text appears at most once, so group-wise held-out folds never share a text with
+    training folds; ``n`` is capped at :func:`bootstrap_size`.
     """
-    train = splits()[0]
-    if n > len(train):
-        log.info("bootstrap: %d samples asked, the training split has %d: capped", n, len(train))
-    order = run_order(train.labels, seed)[: max(0, n)]
-    for start in range(0, len(order), chunk):
-        rows = order[start : start + chunk]
-        inputs = encode_texts([train.texts[i] for i in rows])
-        yield inputs, np.arange(start, start + len(rows), dtype=np.int64) // GROUP_SIZE
+    train, extra = splits()[0], distill_texts()
+    if n > len(train) + len(extra):
+        log.info("bootstrap: %d samples asked, %d exist: capped", n, len(train) + len(extra))
+    rng = np.random.default_rng(seed)
+    texts = [train.texts[i] for i in run_order(train.labels, seed)] + \
+        [extra[i] for i in rng.permutation(len(extra))]
+    texts = texts[: max(0, n)]
+    for start in range(0, len(texts), chunk):
+        rows = texts[start : start + chunk]
+        yield encode_texts(rows), np.arange(start, start + len(rows), dtype=np.int64) // GROUP_SIZE
 
 
 # ------------------------------------------------------------------------ model
@@ -440,7 +464,7 @@ def build_model(cache_dir: Path | None = None) -> torch.nn.Module:
 
 __all__ = [
     "ATTENTION_SITES", "CATEGORIES", "CLASSES", "HEAD_RECIPE", "LAYER_SITES", "SEQ_LEN",
-    "MissingModel", "bootstrap", "bootstrap_size", "build_model", "corpus", "embed_texts",
-    "encode_texts", "fit_head", "load_encoder", "model_path", "run_order", "sample_inputs",
-    "splits", "texts_for", "tokenizer",
+    "MissingModel", "bootstrap", "bootstrap_size", "build_model", "corpus", "distill_texts",
+    "embed_texts", "encode_texts", "fit_head", "load_encoder", "model_path", "run_order",
+    "sample_inputs", "splits", "texts_for", "tokenizer",
 ]

@@ -88,7 +88,9 @@ def _text_inputs(n: int, seed: int, input_names: list[str]) -> Iterator[dict[str
     from services.models import minilm_topics as mt
     from services.models.streams import make_stream
 
-    stream = make_stream("text", n, seed, corpus=mt.corpus())
+    # Held-out quotes only: the head and the ramps trained on the rest, and a stream of
+    # training texts would show the ramps' memory of them rather than how they generalise.
+    stream = make_stream("text", n, seed, corpus=mt.splits()[1])
     samples = list(stream.items())
     for s in range(0, n, CHUNK):
         yield mt.encode_texts([x.text for x in samples[s: s + CHUNK]])
@@ -106,7 +108,8 @@ def workload_chunks(manifest, workload: str, n: int, seed: int, scene_frames: st
         return (_video_inputs(n, seed, manifest.inputs, scenes),
                 {"workload": workload, "scene_frames": list(scenes)})
     if workload == "text":
-        return _text_inputs(n, seed, [t.name for t in manifest.inputs]), {"workload": workload}
+        return (_text_inputs(n, seed, [t.name for t in manifest.inputs]),
+                {"workload": workload, "texts": "held-out quotes"})
     raise ValueError(f"unknown workload {workload!r}; known: video, text")
 
 

@@ -145,19 +145,25 @@ def test_sample_inputs_deterministic_held_out_stream() -> None:
     assert sum(x == y for x, y in itertools.pairwise(cats)) >= len(cats) // 2  # topic runs
 
 
-def test_bootstrap_covers_train_split_once_with_groups() -> None:
-    train = mt.splits()[0]
+def test_bootstrap_covers_train_split_then_distill_texts_once_with_groups() -> None:
+    train, held = mt.splits()
+    extra = mt.distill_texts()
     n = mt.bootstrap_size()
-    assert n == len(train)
-    chunks = list(mt.bootstrap(n + 500, seed=7))  # capped at the training split
+    assert n == len(train) + len(extra) and len(extra) > 2 * len(train)
+    assert not set(extra) & (set(train.texts) | set(held.texts))  # no labelled quote, none held out
+    chunks = list(mt.bootstrap(n + 500, seed=7))  # capped at what exists
     ids = np.concatenate([x["input_ids"] for x, _ in chunks])
     groups = np.concatenate([g for _, g in chunks])
     assert ids.shape == (n, mt.SEQ_LEN) and ids.dtype == np.int64
     assert all(len(g) <= mt.BOOTSTRAP_CHUNK for _, g in chunks)
     np.testing.assert_array_equal(groups, np.arange(n) // mt.GROUP_SIZE)
     order = mt.run_order(train.labels, seed=7)
-    assert sorted(order.tolist()) == list(range(n))  # every quote exactly once
+    assert sorted(order.tolist()) == list(range(len(train)))  # every quote exactly once
     np.testing.assert_array_equal(ids[:64], mt.encode_texts([train.texts[i]
                                                              for i in order[:64]])["input_ids"])
+    # then the distillation texts, each once, shuffled
+    tail = ids[len(train):len(train) + 64]
+    perm = np.random.default_rng(7).permutation(len(extra))
+    np.testing.assert_array_equal(tail, mt.encode_texts([extra[i] for i in perm[:64]])["input_ids"])
     first = next(mt.bootstrap(10, seed=7))[0]["input_ids"]
     np.testing.assert_array_equal(first, ids[:10])  # a prefix of the longer stream

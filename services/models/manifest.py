@@ -83,6 +83,9 @@ class RampSpec:
     # over the unsplit range. ``services.tuner.window.LatencyProfile.from_manifest``.
     prefix_ms: float = 0.0
     serve_ms: float = 0.0
+    # Model inputs the head reads besides the site activation, fed by name (a text model's
+    # attention mask, for a mean over real tokens only).
+    inputs: list[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RampSpec:
@@ -114,11 +117,14 @@ class Manifest:
         raise KeyError(f"{self.name} has no ramp {index}")
 
     def model_inputs_of(self, first_block: int, last_block: int) -> list[str]:
-        """Model inputs (not activations) that blocks [first_block, last_block) read."""
+        """Model inputs (not activations) that blocks [first_block, last_block) and their
+        ramps read."""
         names = {t.name for t in self.inputs}
         out: list[str] = []
         for b in self.blocks[first_block:last_block]:
             out += [n for n in b.input_names if n in names and n not in out]
+        for r in self.ramps_in(first_block, last_block):
+            out += [n for n in r.inputs if n in names and n not in out]
         return out
 
     def ramps_in(self, first_block: int, last_block: int) -> list[RampSpec]:

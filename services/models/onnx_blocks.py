@@ -12,6 +12,7 @@ makes assembling a stage from contiguous blocks a union of nodes.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import onnx
 from onnx import helper
@@ -165,16 +166,59 @@ def add_outputs(model: onnx.ModelProto, tensors: list[str]) -> onnx.ModelProto:
     return out
 
 
+@dataclass
+class BoundHead:
+    """A ramp head ready to join a graph (``bind_head``)."""
+
+    nodes: list[onnx.NodeProto]
+    initializers: list[onnx.TensorProto]
+    inputs: list[onnx.ValueInfoProto]  # model inputs it reads, for a graph that lacks them
+    output: onnx.ValueInfoProto  # its logits
+    opsets: dict[str, int]
+
+
+def bind_head(head: onnx.ModelProto, prefix: str, site: str) -> BoundHead:
+    """``head``'s nodes and weights, names prefixed with ``prefix`` so they cannot clash,
+    reading the graph tensor ``site`` as its first input and any further inputs (model
+    inputs such as an attention mask) under their own names."""
+    extra = [vi.name for vi in head.graph.input[1:]]
+    h = onnx.compose.add_prefix(head, prefix)
+    rename = {h.graph.input[0].name: site, **{prefix + n: n for n in extra}}
+    nodes = []
+    for n in h.graph.node:
+        n.input[:] = [rename.get(i, i) for i in n.input]
+        nodes.append(n)
+    inputs = []
+    for vi in head.graph.input[1:]:
+        copy = onnx.ValueInfoProto()
+        copy.CopyFrom(vi)
+        inputs.append(copy)
+    return BoundHead(nodes, list(h.graph.initializer), inputs, h.graph.output[0],
+                     {o.domain or "": o.version for o in h.opset_import})
+
+
 def with_head(model: onnx.ModelProto, head: onnx.ModelProto, prefix: str) -> onnx.ModelProto:
     """``model`` whose (first) output also feeds ``head``: outputs [activation, head
     logits]. One graph, so a ramp costs its own arithmetic and no extra runtime call.
-    The head's names get ``prefix`` so they cannot clash with the model's."""
+    The head's names get ``prefix``; a model input the head reads joins the graph's
+    inputs if the model does not read it already."""
     act = model.graph.output[0].name
-    head = onnx.compose.add_prefix(head, prefix)
-    if head.ir_version != model.ir_version:
-        head.ir_version = model.ir_version
-    merged = onnx.compose.merge_models(
-        model, head, io_map=[(act, head.graph.input[0].name)],
-        outputs=[act, head.graph.output[0].name])
-    onnx.checker.check_model(merged)
-    return merged
+    b = bind_head(head, prefix, act)
+    ours = {o.domain or "": o.version for o in model.opset_import}
+    for domain, version in b.opsets.items():
+        if ours.get(domain, version) != version:
+            raise ValueError(f"head opset {domain or 'ai.onnx'} {version} != the model's "
+                             f"{ours[domain]}")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    del g.output[1:]
+    g.node.extend(b.nodes)
+    g.initializer.extend(b.initializers)
+    have = {i.name for i in g.input}
+    g.input.extend(vi for vi in b.inputs if vi.name not in have)
+    g.output.append(b.output)
+    out.opset_import.extend(helper.make_opsetid(d, v) for d, v in b.opsets.items()
+                            if d not in ours)
+    onnx.checker.check_model(out)
+    return out

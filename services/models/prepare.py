@@ -206,11 +206,16 @@ def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, devi
     if not diff < 1e-4:
         raise RuntimeError(f"blocks of {src.name} differ from the unsplit model by {diff}")
 
+    masked = src.pool == "masked_mean"
+    if masked and src.mask_input not in {t.name for t in src.inputs}:
+        raise ValueError(f"{src.name}: masked_mean pooling reads model input "
+                         f"{src.mask_input!r}, not one of {[t.name for t in src.inputs]}")
     t1 = time.perf_counter()
     probe = onnx_blocks.add_outputs(src.model, [s.tensor for s in chosen])
     probe_sess = ort.InferenceSession(probe.SerializeToString(), so, providers=providers)
     feats = rp.collect_features(probe_sess, [s.tensor for s in chosen],
-                                src.bootstrap(n, BOOTSTRAP_SEED), n, src.pool, progress)
+                                src.bootstrap(n, BOOTSTRAP_SEED), n, src.pool, progress,
+                                mask_input=src.mask_input if masked else "")
     del probe_sess
     t2 = time.perf_counter()
     fits = rp.train_ramps(feats, src.classes, src.pool, steps=src.ramp_steps, log=log)
@@ -222,11 +227,18 @@ def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, devi
     for k, fit in enumerate(fits):
         shape = feats.shapes[fit.after_block]
         spatial = {"x": {d + 1: f"d{d + 1}" for d in range(1, len(shape))}}  # keep C / H fixed
-        data = to_onnx(rp.head_module(fit), (torch.zeros(1, *shape),), ["x"], ["logits"],
-                       dynamic=spatial)
+        example, names, reads = (torch.zeros(1, *shape),), ["x"], []
+        if masked and len(shape) == 2:  # N x S x H: the head also reads the mask (N x S)
+            dtype = getattr(torch, np.dtype(next(t.dtype for t in src.inputs
+                                                 if t.name == src.mask_input)).name)
+            example += (torch.ones(1, shape[0], dtype=dtype),)
+            names, reads = ["x", src.mask_input], [src.mask_input]
+            spatial[src.mask_input] = {1: "d1"}
+        data = to_onnx(rp.head_module(fit), example, names, ["logits"], dynamic=spatial)
         file, digest = _write(folder, f"ramp_{k}", data)
         ramps.append(RampSpec(k, fit.after_block, file, digest, fit.arch, fit.params,
-                              round(fit.agreement, 4), 0.0, chosen[fit.after_block].tensor))
+                              round(fit.agreement, 4), 0.0, chosen[fit.after_block].tensor,
+                              inputs=reads))
     manifest.ramps = ramps
 
     # Costs on this machine through the runtime workers use: per block and ramp, per batch.

@@ -253,7 +253,7 @@ class StageRuntime:
         if ramp is None:
             return out[0], None
         if len(out) == 1:  # the head could not be fused (see merged): run it on its own
-            return out[0], self.run_ramp(ramp, as_numpy(out[0]))
+            return out[0], self.run_ramp(ramp, as_numpy(out[0]), model_inputs)
         return out[0], as_numpy(out[1])
 
     def _run(self, sess: ort.InferenceSession, what: str, x, model_inputs, keep: bool) -> list:
@@ -473,10 +473,17 @@ class StageRuntime:
         for a, b in block_ranges(self.first_block, self.last_block, set(after)):
             self.merged(a, b, after[b - 1][0] if b - 1 in after else None)
 
-    def run_ramp(self, r: int, x: np.ndarray) -> np.ndarray:
-        """Logits of ramp ``r`` on the output of its block."""
-        return self._ramps[r].run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)},
-                                  self._ro())[0]
+    def run_ramp(self, r: int, x: np.ndarray,
+                 model_inputs: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """Logits of ramp ``r`` on the output of its block (and the model inputs its head
+        reads, e.g. an attention mask)."""
+        feeds = {"x": np.ascontiguousarray(x, dtype=np.float32)}
+        for name in self.manifest.ramp(r).inputs:
+            if model_inputs is None or name not in model_inputs:
+                raise ValueError(f"ramp {r} of {self.manifest.name} reads model input "
+                                 f"{name!r}: pass it in model_inputs")
+            feeds[name] = self._model_input(name, model_inputs)
+        return self._ramps[r].run(None, feeds, self._ro())[0]
 
     def run_all(
         self, inputs: dict[str, np.ndarray] | np.ndarray,
@@ -493,6 +500,6 @@ class StageRuntime:
         for i in range(self.first_block, self.last_block):
             x = self.run_block(i, x, model_inputs)
             for r in by_block.get(i, []):
-                ramp_logits[r] = self.run_ramp(r, x)
+                ramp_logits[r] = self.run_ramp(r, x, model_inputs)
         assert isinstance(x, np.ndarray)
         return x, ramp_logits

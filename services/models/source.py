@@ -46,6 +46,7 @@ class ModelSource:
     ramp_steps: int = 300
     max_ramps: int = DEFAULT_MAX_RAMPS
     recipe: str = ""  # what shapes the artifacts: a change invalidates a prepared copy
+    mask_input: str = ""  # the model input "masked_mean" pooling reads (attention mask)
 
 
 def _np_dtype(elem_type: int) -> str:
@@ -157,7 +158,8 @@ def from_zoo(name: str) -> ModelSource:
         outputs=list(spec.outputs), classes=spec.classes,
         base_params=count_params([built.full]), bootstrap=spec.bootstrap,
         bootstrap_n=spec.bootstrap_n, sample=spec.sample_inputs, pool=spec.pool,
-        ramp_steps=spec.ramp_steps, max_ramps=spec.max_ramps, recipe=spec.recipe)
+        ramp_steps=spec.ramp_steps, max_ramps=spec.max_ramps, recipe=spec.recipe,
+        mask_input=spec.mask_input)
 
 
 def from_onnx_file(path: Path, data: Path | None, name: str | None = None) -> ModelSource:
@@ -252,11 +254,24 @@ def _user_source(model: onnx.ModelProto, raw: bytes, data: Path | None, name: st
         raise SourceError(f"{Path(data).name} has {n} samples; ramps need at least 200 "
                           "(a few thousand give useful agreement)")
     digest = _digest(raw, Path(data).read_bytes())
+    mask = mask_input_of(inputs)
+    pool = "masked_mean" if mask else "mean"
     return ModelSource(
         name=name, kind="classifier", description=description, model=model, inputs=inputs,
         outputs=outputs, classes=classes, base_params=onnx_params(model),
         bootstrap=bootstrap, bootstrap_n=n, sample=sample,
-        pool="mean", recipe=f"user:{digest}")
+        pool=pool, recipe=f"user:{digest}|pool={pool}", mask_input=mask)
+
+
+def mask_input_of(inputs: list[TensorSpec]) -> str:
+    """The attention mask among a text model's inputs: an integer input named ``*mask*``
+    of the same shape as another integer input (the token ids); "" if there is none. Its
+    ramps then average over real tokens only (``masked_mean``)."""
+    ints = [t for t in inputs if np.dtype(t.dtype).kind in "iub"]
+    for t in ints:
+        if "mask" in t.name.lower() and any(o is not t and o.shape == t.shape for o in ints):
+            return t.name
+    return ""
 
 
 def resolve(target: str, data: Path | None = None, name: str | None = None) -> ModelSource:

@@ -36,6 +36,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from services.models import tap_library
+from services.models.onnx_blocks import bind_head
 from services.models.scores import SCORE_KINDS
 
 TAP_DOMAIN = "offramp"
@@ -187,18 +188,21 @@ def tap_extension(stage: StageFacts, heads: Sequence[tuple[int, str, onnx.ModelP
     opsets = dict(stage.opsets)
     head_nodes: list[onnx.NodeProto] = []
     tap_nodes: list[onnx.NodeProto] = []
+    added_inputs = set()
     for ramp, site, head in heads:
         if site not in stage.tensors:
             raise ValueError(f"ramp {ramp}: site tensor {site!r} is not in the stage")
-        h = onnx.compose.add_prefix(_pool_in_layout(head), f"ramp{ramp}/")
-        for o in h.opset_import:
-            if o.domain in ("", "ai.onnx") and o.version > opsets.get(o.domain, o.version):
-                raise ValueError(f"ramp {ramp}'s head needs opset {o.version} > the stage's")
-        x, logits = h.graph.input[0].name, h.graph.output[0].name
-        for n in h.graph.node:
-            n.input[:] = [site if i == x else i for i in n.input]
-            head_nodes.append(n)
-        g.initializer.extend(h.graph.initializer)
+        h = bind_head(_pool_in_layout(head), f"ramp{ramp}/", site)
+        for domain, version in h.opsets.items():
+            if domain in ("", "ai.onnx") and version > opsets.get(domain, version):
+                raise ValueError(f"ramp {ramp}'s head needs opset {version} > the stage's")
+        logits = h.output.name
+        head_nodes.extend(h.nodes)
+        g.initializer.extend(h.initializers)
+        for vi in h.inputs:  # e.g. the attention mask, where the stage does not read it
+            if vi.name not in stage.tensors and vi.name not in added_inputs:
+                g.input.append(vi)
+                added_inputs.add(vi.name)
         tap_nodes.append(helper.make_node(TAP_OP, [logits], [tap_output(ramp)],
                                           domain=TAP_DOMAIN, name=tap_node(ramp), ramp=ramp))
     g.node.extend(head_nodes)

@@ -36,10 +36,11 @@ class ModelSpec:
     sample_inputs: Callable[[int, int], dict[str, np.ndarray]]
     bootstrap: Callable[[int, int], Batches]  # (n, seed) -> chunks
     bootstrap_n: int
-    pool: str = "gap"  # for N x S x H activations: "mean" or "first" token
+    pool: str = "gap"  # N x S x H activations: "mean", "first" token or "masked_mean"
     ramp_steps: int = 300  # full-batch optimiser steps per ramp fit
     max_ramps: int = 12  # candidate ramp sites kept (evenly spaced) of all the graph offers
     recipe: str = ""  # what shapes the artifacts; a change invalidates prepared copies
+    mask_input: str = ""  # the model input "masked_mean" pooling reads
 
 
 # --- efficientnet-lite0 ---------------------------------------------------------------
@@ -135,8 +136,9 @@ def _minilm_spec() -> ModelSpec:
         sample_inputs=_minilm_sample,
         bootstrap=_minilm_bootstrap,
         bootstrap_n=13000,  # capped: the training split + distillation texts (12,234)
-        pool="mean",
-        recipe=f"mean_fc;distill=other-topics;{mt.HEAD_RECIPE}",
+        pool="masked_mean",
+        mask_input="attention_mask",
+        recipe=f"mmean_fc;distill=other-topics;{mt.HEAD_RECIPE}",
     )
 
 

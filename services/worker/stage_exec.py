@@ -73,6 +73,6 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
             at = ramp_after.get(end - 1, [])
             x, fused = runtime.run_range(start, end, x, model_inputs, at[0] if at else None)
             for k, r in enumerate(at):
-                record(r, fused if k == 0 else runtime.run_ramp(r, x))
+                record(r, fused if k == 0 else runtime.run_ramp(r, x, model_inputs))
     return StageOutcome(as_numpy(x), ids, preds, scores, exit_at,
                         (time.perf_counter() - t0) * 1e3)

@@ -169,20 +169,29 @@ def test_cli_json_report(resnet_onnx, tmp_path):
     assert (env_home / "offramp.db").exists() or any(env_home.glob("*.db"))
 
 
-def test_two_input_transformer_stages_carry_the_mask(tmp_path):
-    """Blocks after the first read the attention mask too: a later stage gets it as a model
-    input (what workers pass along as ``carry``) and the split still equals the model."""
+def _prepared_tinybert(tmp_path, seed: int):
+    """A two-input (ids, mask) transformer prepared from 300 padded sequences:
+    (model file, prepared folder, ids, mask)."""
     path = tmp_path / "tinybert.onnx"
     path.write_bytes(bert_onnx().SerializeToString())
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     ids = rng.integers(0, 50, (300, 8)).astype(np.int64)
     mask = (np.arange(8)[None, :] < rng.integers(2, 9, (300, 1))).astype(np.int64)
     np.savez(tmp_path / "data.npz", ids=ids, mask=mask)
     out = prepare(str(path), tmp_path / "models", data=tmp_path / "data.npz", log=quiet,
                   progress=quiet)
+    return path, out, ids, mask
+
+
+def test_two_input_transformer_stages_carry_the_mask(tmp_path):
+    """Blocks after the first read the attention mask too: a later stage gets it as a model
+    input (what workers pass along as ``carry``) and the split still equals the model."""
+    path, out, ids, mask = _prepared_tinybert(tmp_path, seed=0)
     m = Manifest.load(out)
     assert [t.name for t in m.inputs] == ["ids", "mask"] and m.inputs[0].dtype == "<i8"
-    assert len(m.ramps) == 5 and all(r.arch == "mean_fc" for r in m.ramps)
+    # an integer "mask" input beside the ids: ramps average over real tokens, reading it
+    assert len(m.ramps) == 5 and all(r.arch == "mmean_fc" and r.inputs == ["mask"]
+                                     for r in m.ramps)
     assert m.model_inputs_of(1, m.num_blocks) == ["mask"]  # what stage 0 carries on
     x = {"ids": ids[:4], "mask": mask[:4]}
     ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, x)[0]
@@ -191,3 +200,50 @@ def test_two_input_transformer_stages_carry_the_mask(tmp_path):
     np.testing.assert_allclose(tail, ref, atol=1e-4)
     with pytest.raises(ValueError, match="mask"):
         StageRuntime(out, m, 2, m.num_blocks, device="cpu").run_all(mid)
+
+
+def test_masked_mean_ramps_ignore_padding_fused_split_and_tapped_alike(tmp_path):
+    """A text model's ramps read the attention mask: what sits at padded positions does not
+    change their logits; the head alone, fused into its range and tapped inside the stage
+    all agree, also in a stage whose own blocks never read the mask (the head adds it)."""
+    from services.models import taps
+    from services.models.ramps import pool_np
+    from services.models.runtime import as_numpy
+
+    _, out, ids, mask = _prepared_tinybert(tmp_path, seed=1)
+    m = Manifest.load(out)
+    # a block that reads only the previous activation, with a ramp after it
+    lone = next(b.index for b in m.blocks[1:] if b.input_names == b.input_names[:1]
+                and any(r.after_block == b.index for r in m.ramps))
+    r = next(r.index for r in m.ramps if r.after_block == lone)
+    assert m.model_inputs_of(lone, lone + 1) == ["mask"]  # the carry includes the head's read
+    x = {"ids": ids[:6], "mask": mask[:6]}
+    x["mask"][:, 4:] = 0
+    full = StageRuntime(out, m, 0, m.num_blocks, device="cpu")
+    act = x
+    for i in range(lone):
+        act = full.run_block(i, act, x)
+    rt = StageRuntime(out, m, lone, lone + 1, device="cpu")
+    site = rt.run_block(lone, act, x)
+    alone = rt.run_ramp(r, site, x)
+    noisy = site.copy()
+    noisy[:, 4:] += 100.0  # padding only
+    np.testing.assert_allclose(rt.run_ramp(r, noisy, x), alone, atol=1e-4)
+    assert not np.allclose(rt.run_ramp(r, noisy, {"mask": np.ones_like(x["mask"])}), alone,
+                           atol=1e-2)  # the same head without the mask sees the change
+    with pytest.raises(ValueError, match="mask"):
+        rt.run_ramp(r, site)
+    _, fused = rt.run_range(lone, lone + 1, act, x, r)
+    np.testing.assert_allclose(fused, alone, atol=1e-4)
+    sess = rt.tapped((r,))
+    assert sess is not None and "mask" in [i.name for i in sess.get_inputs()]
+    got, outcomes = rt.run_tapped(sess, act, x, taps.tap_plan(((r, 0.0),), "max_softmax"),
+                                  np.full(6, -1, np.int32))
+    np.testing.assert_allclose(as_numpy(got), site, atol=1e-5)
+    assert outcomes[0][:, 0].astype(int).tolist() == alone.argmax(1).tolist()
+    # and the head is the masked mean of the site, then its linear layer
+    weights = {tuple(t.dims): onnx.numpy_helper.to_array(t)
+               for t in onnx.load(str(out / m.ramp(r).file)).graph.initializer}
+    w, b = weights[(m.classes, site.shape[2])], weights[(m.classes,)]
+    np.testing.assert_allclose(pool_np(site, "masked_mean", x["mask"]) @ w.T + b, alone,
+                               atol=1e-4)

@@ -224,7 +224,7 @@ def bootstrap(n: int, seed: int, chunk: int = BOOTSTRAP_CHUNK
     :func:`distill_texts` shuffled by ``seed``.
 
     The training split alone (3,065 quotes) left the linear ramps overfitted (train
-    agreement 0.88-1.00 against 0.64-0.84 held out); with the 9,171 distillation texts
+    agreement 0.88-1.00 against 0.64-0.84 held out); with the 9,169 distillation texts
     added, a probe on the 765 held-out quotes measured +3-6 points of agreement per ramp
     and, at the last site, 0.50 -> 0.71 of the quotes answerable at 99 % agreement.
     Each text appears at most once, so group-wise held-out folds never share a text with

@@ -74,6 +74,8 @@ class RampHead(nn.Module):
         if self.ndim == 4:
             x = x.mean(dim=(2, 3))
         elif self.ndim == 3 and self.pool == "masked_mean":
+            if mask is None:
+                raise ValueError("masked_mean pooling needs the attention mask")
             m = mask.to(x.dtype).unsqueeze(-1)
             x = (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
         elif self.ndim == 3:

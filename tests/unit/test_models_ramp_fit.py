@@ -42,3 +42,27 @@ def test_fit_linear_learns_each_mask_and_ignores_rows_outside_it():
     assert said_30[0] < 0.03 and said_30[1] > 0.3              # the all-rows fit learned them
     unseen = [c for c in range(40) if c not in (0, 10, 20, 30)]
     assert (b1[unseen] < b1[[0, 10, 20, 30]].min()).all()      # absent classes never win
+
+
+def test_masked_mean_head_and_features_average_real_tokens_only():
+    """The exported head and the training features pool alike: padding never counts."""
+    import pytest
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 6, 5)).astype(np.float32)
+    mask = (np.arange(6)[None, :] < np.array([[1], [3], [6], [2]])).astype(np.int64)
+    feats = rp.pool_np(x, "masked_mean", mask)
+    np.testing.assert_allclose(feats[1], x[1, :3].mean(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(feats[2], x[2].mean(axis=0), rtol=1e-6)
+    head = rp.RampHead(5, 3, ndim=3, pool="masked_mean").eval()
+    padded = x.copy()
+    padded[mask == 0] = 50.0  # whatever sits at padded positions
+    with torch.no_grad():
+        got = head(torch.from_numpy(padded), torch.from_numpy(mask)).numpy()
+        want = head.fc(torch.from_numpy(feats)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert rp.arch_name(3, "masked_mean") == "mmean_fc"
+    with pytest.raises(ValueError, match="attention mask"):
+        rp.pool_np(x, "masked_mean")
+    with pytest.raises(ValueError, match="attention mask"):
+        head(torch.from_numpy(x))

@@ -114,7 +114,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                        force=args.force, log=say, progress=say,
                        data=Path(args.data) if args.data else None, name=args.name,
                        bootstrap_n=args.bootstrap_n, device=cfg.device, threads=cfg.ort_threads,
-                       choice=choice)
+                       choice=choice, mask_input=args.mask_input)
     except ValueError as exc:  # SourceError and unknown zoo names
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -288,6 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--max-ramps", type=int, default=0,
                       help="most ramps to train (evenly spaced over the sites); default per model")
     prep.add_argument("--bootstrap-n", type=int, help="bootstrap samples (default per model)")
+    prep.add_argument("--mask-input", help="text models: the input whose real tokens ramps "
+                      "average over (default: an integer input named *mask* beside the ids); "
+                      "none = plain mean over every position")
     prep.add_argument("--force", action="store_true", help="rebuild even if an intact copy exists")
     prep.add_argument("--models-dir")
     prep.add_argument("--no-store", action="store_true", help="do not record it in the store")

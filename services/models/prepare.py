@@ -429,13 +429,17 @@ def prepare(
     data: Path | None = None,
     name: str | None = None,
     choice: SiteChoice = SiteChoice(),
+    mask_input: str | None = None,
 ) -> Path:
     """Prepare a zoo model or a user's ONNX / torch model under ``models_dir`` (reusing an
-    intact copy made by the same recipe); return its folder."""
-    from services.models.source import resolve
+    intact copy made by the same recipe); return its folder. ``mask_input``: the model
+    input text ramps average over (``"none"``: plain mean; default: the source's choice)."""
+    from services.models.source import resolve, with_mask_input
 
     models_dir = Path(models_dir)
     src = resolve(target, data, name)  # SourceError says what is wrong with the input
+    if mask_input is not None:
+        src = with_mask_input(src, mask_input)
     if choice != SiteChoice():
         src = replace(src, recipe=f"{src.recipe}|keep={','.join(choice.keep)}",
                       max_ramps=choice.max_ramps or src.max_ramps)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -261,6 +261,21 @@ def _user_source(model: onnx.ModelProto, raw: bytes, data: Path | None, name: st
         outputs=outputs, classes=classes, base_params=onnx_params(model),
         bootstrap=bootstrap, bootstrap_n=n, sample=sample,
         pool=pool, recipe=f"user:{digest}|pool={pool}", mask_input=mask)
+
+
+def with_mask_input(src: ModelSource, mask: str) -> ModelSource:
+    """``src`` with its text ramps' pooling chosen by hand (``offramp prepare --mask-input``):
+    the mean over the real tokens that model input ``mask`` marks, or with ``none`` the
+    plain mean over every position."""
+    if mask.lower() == "none":
+        return replace(src, pool="mean", mask_input="", recipe=f"{src.recipe}|mask=none")
+    spec = next((t for t in src.inputs if t.name == mask), None)
+    if spec is None:
+        raise SourceError(f"--mask-input {mask!r} is not an input of {src.name}; its inputs: "
+                          f"{[t.name for t in src.inputs]} (or none: plain mean)")
+    if np.dtype(spec.dtype).kind not in "iubf":
+        raise SourceError(f"--mask-input {mask!r} is {spec.dtype}, not a numeric mask")
+    return replace(src, pool="masked_mean", mask_input=mask, recipe=f"{src.recipe}|mask={mask}")
 
 
 def mask_input_of(inputs: list[TensorSpec]) -> str:

@@ -247,3 +247,16 @@ def test_masked_mean_ramps_ignore_padding_fused_split_and_tapped_alike(tmp_path)
     w, b = weights[(m.classes, site.shape[2])], weights[(m.classes,)]
     np.testing.assert_allclose(pool_np(site, "masked_mean", x["mask"]) @ w.T + b, alone,
                                atol=1e-4)
+
+
+def test_mask_input_chooses_the_text_ramps_pooling(tmp_path):
+    path, _, ids, mask = _prepared_tinybert(tmp_path, seed=2)
+    data = tmp_path / "data.npz"
+    plain = prepare(str(path), tmp_path / "plain", data=data, log=quiet, progress=quiet,
+                    mask_input="none")
+    m = Manifest.load(plain)
+    assert all(r.arch == "mean_fc" and r.inputs == [] for r in m.ramps)
+    assert m.model_inputs_of(1, 2) == []  # block 1 reads only its activation: nothing to carry
+    with pytest.raises(SourceError, match="not an input.*'ids', 'mask'"):
+        prepare(str(path), tmp_path / "bad", data=data, log=quiet, progress=quiet,
+                mask_input="attention_mask")

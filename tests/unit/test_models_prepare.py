@@ -122,6 +122,26 @@ def test_serving_profile_from_manifest(tiny_models):
     assert prof.full_ms == pytest.approx(sum(b.cost_ms for b in m.blocks))
 
 
+def test_profile_orders_prefixes_by_pooling_an_outlier_not_by_running_max(tiny_models):
+    from dataclasses import replace
+
+    from services.tuner.window import LatencyProfile, isotonic
+
+    np.testing.assert_allclose(isotonic([3.78, 7.83, 5.34, 6.57, 6.93]),
+                               [3.78, 6.58, 6.58, 6.58, 6.93], atol=1e-9)
+    np.testing.assert_allclose(isotonic([1.0, 2.0, 0.5, 3.0]), [1.0, 1.25, 1.25, 3.0])
+    np.testing.assert_array_equal(isotonic([0.1, 0.2, 0.2, 0.9]), [0.1, 0.2, 0.2, 0.9])
+    assert isotonic([]).size == 0
+    m = Manifest.load(tiny_models / "tiny")
+    full = m.meta["range_ms"]
+    slow = replace(m, ramps=[replace(r, prefix_ms=v) for r, v in
+                             zip(m.ramps, [full * 0.2, full * 0.9, full * 0.4], strict=True)])
+    prof = LatencyProfile.from_manifest(slow)
+    np.testing.assert_allclose(prof.prefix_ms, [full * 0.2, full * 0.65, full * 0.65, full])
+    capped = replace(m, ramps=[replace(r, prefix_ms=full * 2) for r in m.ramps])
+    assert list(LatencyProfile.from_manifest(capped).prefix_ms) == [full] * 4  # never past full
+
+
 def test_initial_ramps_follow_the_serving_budget(tiny_models):
     from services.worker.exits import initial_ramps
 

@@ -116,9 +116,9 @@ def collect_features(
     for inputs, group in batches:
         outs = session.run(None, {k: inputs[k] for k in names})
         logits, acts = outs[0], outs[1:]
+        mask = inputs[mask_input] if mask_input else None
         for k, a in enumerate(acts):
             ndims[k], shapes[k] = a.ndim, tuple(a.shape[1:])
-            mask = inputs[mask_input] if mask_input else None
             pooled[k].append(pool_np(a, pool, mask).astype(np.float32))
         labels.append(logits.argmax(axis=1).astype(np.int64))
         groups.append(np.asarray(group, np.int64))

@@ -280,17 +280,16 @@ class Worker:
         if rerun is not None:
             self.backlog.rerun += 1
         stage_ms = batch.stage_ms + [out.ms]
-        if self.plan.is_last and rerun is not None:
-            labels, score = ramp_outcome(out.output, config.score)
-        elif self.plan.is_last:  # answer first: the records below are bookkeeping
+        if self.plan.is_last:
             logits = out.output
             labels, score = ramp_outcome(logits, config.score)
-            rest = np.flatnonzero(out.exit_at < 0)
-            finals = (labels, score, logits) if len(rest) == n else \
-                (labels[rest], score[rest], logits[rest])
-            self._answer(batch, config, received, rest, finals[0], finals[1],
-                         np.full(len(rest), -1, dtype=np.int32), finals[2], early=False,
-                         release=self.plan.stage == 0)
+            if rerun is None:  # answer first: the records below are bookkeeping
+                rest = np.flatnonzero(out.exit_at < 0)
+                finals = (labels, score, logits) if len(rest) == n else \
+                    (labels[rest], score[rest], logits[rest])
+                self._answer(batch, config, received, rest, finals[0], finals[1],
+                             np.full(len(rest), -1, dtype=np.int32), finals[2], early=False,
+                             release=self.plan.stage == 0)
         ramp_pred = np.stack(out.ramp_pred) if out.ramp_pred else np.zeros((0, n), np.int32)
         ramp_score = np.stack(out.ramp_score) if out.ramp_score else np.zeros((0, n), np.float32)
         if not self.plan.is_last:

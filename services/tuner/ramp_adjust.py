@@ -35,8 +35,12 @@ Choices where §3.3 is vague:
   config already over budget first drops its lowest-utility ramps.
 - probing: add right before the highest-utility ramp if that site is free and fits the
   budget, else shift the lowest-utility ramp one site earlier (never the highest one; the
-  site must be free and the shifted set must fit), else keep. Ties: the earlier ramp is
-  "best", the later one "worst".
+  shifted set must fit), else keep. Ties: the earlier ramp is "best", the later one
+  "worst". A shift passes over sites that are taken, held back or over budget to the
+  nearest one that is free and fits: a worst ramp right behind the best one would
+  otherwise sit there for good (every input it could answer exits at the best ramp first,
+  so its utility never turns negative), and with a budget of two ramps nothing before the
+  best ramp would ever be probed.
 - an empty active set trials the middle site that fits the budget (nothing else can ever
   bring ramps back).
 """
@@ -291,13 +295,14 @@ def _probe(state: AdjustInput, rp: Replay, th: dict[int, float],
         return _decision("add_earlier", [*active, c], th, f"all utilities positive: add site {c} "
                          f"before the best ramp {best.ramp_id}", utils, added=[c])
     s = worst.ramp_id
-    moved = [x for x in active if x != s] + [s - 1]
-    if (worst is not best and s - 1 >= 0 and s - 1 not in active and s - 1 not in exclude
-            and _fits(prof, moved, budget)):
-        rest = [x for x in active if x != s]
+    rest = [x for x in active if x != s]
+    to = next((x for x in range(s - 1, -1, -1) if x not in active and x not in exclude
+               and _fits(prof, [*rest, x], budget)), -1)
+    moved = [*rest, to]
+    if worst is not best and to >= 0:
         new_th = dict(zip(rest, _kept_thresholds(rp, rest, th, state.constraint)))
         return _decision("shift_earlier", moved, new_th, f"all utilities positive, no room to "
-                         f"add: shift the worst ramp {s} to site {s - 1}", utils,
-                         deactivated=[s], added=[s - 1])
+                         f"add: shift the worst ramp {s} to site {to}", utils,
+                         deactivated=[s], added=[to])
     return _decision("keep", active, th, "all utilities positive; no free earlier site within "
                      "budget", utils)

@@ -215,8 +215,25 @@ def test_shift_retunes_kept_ramps_when_the_removal_breaks_the_constraint() -> No
 
 
 def test_shift_must_fit_the_budget() -> None:
+    # site 4 is over budget: the shift passes over it to the nearest site that fits (3)
     d = adjust(positive_state(profile=profile({1: 5.0, 4: 0.5}, late=False), budget=0.5 / 11))
-    assert d.action == "keep"
+    assert d.action == "shift_earlier" and d.active == (2, 3) and d.added == (3,)
+    # no free earlier site fits: keep
+    costly = {0: 0.5, 1: 5.0, 3: 0.5, 4: 0.5}
+    d = adjust(positive_state(profile=profile(costly, late=False), budget=0.5 / 11))
+    assert d.action == "keep" and d.active == (2, 5)
+
+
+def test_a_worst_ramp_behind_the_best_shifts_past_it() -> None:
+    # every sample exits at ramp 2, so none reaches ramp 3: its utility is 0, not negative;
+    # its one-earlier site is the best ramp's, so it moves before it
+    w = block_window((2, 3), {2: range(N), 3: range(N)})
+    state = AdjustInput(w, profile(late=False), (0.3, 0.3), constraint=0.0, budget=0.4 / 11)
+    u = {x.ramp_id: x.utility_ms for x in utilities(w, state.profile, state.thresholds)}
+    assert u[3] == 0 < u[2]
+    d = adjust(state)
+    assert d.action == "shift_earlier" and d.deactivated == (3,) and d.added == (1,)
+    assert d.active == (1, 2) and d.thresholds == (0.0, 0.3)
 
 
 def test_over_budget_drops_lowest_utility_ramps() -> None:

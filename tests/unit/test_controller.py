@@ -127,6 +127,17 @@ def test_adjust_runs_every_128_samples() -> None:
     assert c.counts["adjusts"] == 2
 
 
+def test_adjust_judges_the_last_two_rounds() -> None:
+    # the re-tune keeps 0.5% headroom: 128 samples would allow no disagreement, 256 one
+    c = ctl(active=(0, 1, 2, 3))  # every site: no round changes the active set
+    got = c.observe(batch(c.active, 128, seed=5))
+    got += c.observe(batch(c.active, 128, seed=6))
+    got += c.observe(batch(c.active, 128, seed=7))
+    assert [(d.at_sample, d.tuned_on) for d in got if d.kind == "adjust"] == [
+        (128, 128), (256, 256), (384, 256)]
+    assert ctl(adjust_window=64).adjust_window == 64
+
+
 def test_records_lacking_new_ramps_are_not_used() -> None:
     c = ctl(active=(1, 2), slack_windows=None, tune_window=64)
     c.observe(batch((1,), 48, seed=8, wrong=0.3))  # served before ramp 2 was active

@@ -115,22 +115,20 @@ def _utilities(rp: Replay, th: np.ndarray) -> list[RampUtility]:
     r, n = rp.n_ramps, rp.n_samples
     if r == 0:
         return []
-    passes = rp.passes(th)
-    e = rp.exit_index(th[None])[0]
-    nxt = np.empty((r, n), dtype=np.int64)  # first passing ramp after k (r = none: the model)
-    cur = np.full(n, r, dtype=np.int64)
-    for k in range(r - 1, -1, -1):
-        nxt[k] = cur
-        cur = np.where(passes[k], k, cur)
+    passes = np.ones((r + 1, n), dtype=bool)  # row r: the model answers every sample
+    np.less(rp.score, th[:, None], out=passes[:r])
+    e = passes.argmax(axis=0)  # the answering ramp (r: the model)
     ex = np.flatnonzero(e < r)
     at = e[ex]
-    saved_each = rp.exit_lat[nxt[at, ex]] - rp.cost[at] - rp.exit_lat[at]
-    saved = np.bincount(at, weights=saved_each, minlength=r)
+    # where each exiting sample would answer without its ramp: the next passing one after it
+    passes[at, ex] = False
+    nxt = passes.argmax(axis=0)[ex]
+    saved_each = rp.exit_lat[nxt] - rp.cost[at] - rp.exit_lat[at]
+    saved = np.bincount(at, weights=saved_each, minlength=r).tolist()
     counts = np.bincount(at, minlength=r)
-    added = (n - np.cumsum(counts)) * rp.cost
-    return [RampUtility(ramp_id=rid, exits=int(counts[k]), saved_ms=float(saved[k]),
-                        added_ms=float(added[k]), utility_ms=float(saved[k] - added[k]))
-            for k, rid in enumerate(rp.window.ramp_ids)]
+    added = ((n - np.cumsum(counts)) * rp.cost).tolist()
+    return [RampUtility(ramp_id=rid, exits=int(c), saved_ms=sv, added_ms=ad, utility_ms=sv - ad)
+            for rid, c, sv, ad in zip(rp.window.ramp_ids, counts.tolist(), saved, added)]
 
 
 def utilities(window: ExitWindow, profile: LatencyProfile,

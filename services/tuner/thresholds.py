@@ -183,12 +183,12 @@ class _Bits:
     def __init__(self, rp: Replay) -> None:
         self.r, self.n = rp.n_ramps, rp.n_samples
         order = np.argsort(rp.score, axis=1, kind="stable")
-        self.sorted = [rp.score[k, order[k]].tolist() for k in range(self.r)]
+        self.sorted = np.sort(rp.score, axis=1).tolist()  # the same values as in ``order``
         # pos[k, s]: sample s's place in ramp k's score order; the j lowest-scoring samples
         # are pos[k] < j. Their sets are built on first use: a climb asks for a few dozen of
         # the R x (N + 1), and building all of them was most of a short climb's time.
         self.pos = np.empty_like(order)
-        np.put_along_axis(self.pos, order, np.arange(self.n)[None, :], axis=1)
+        self.pos[np.arange(self.r)[:, None], order] = np.arange(self.n)
         self._sets: list[dict[int, int]] = [{} for _ in range(self.r)]
         wrong = np.packbits(~rp.agree[: self.r], axis=1, bitorder="little")
         self.wrong = [int.from_bytes(row.tobytes(), "little") for row in wrong]

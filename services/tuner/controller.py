@@ -43,8 +43,9 @@ per trigger (the work; the simulator times each step on its own).
   round retuned a ramp to 0 and dropped it (MiniLM replays of three held-out 2,000-text
   streams: the first rounds cut five ramps to the last one or two; mean latency 10.2 / 13.5
   / 9.2% below vanilla on 128 samples, 18.3 / 13.3 / 18.2% on 256, agreement 99.35-99.60%
-  either way; the EfficientNet video traces decided the same or within 0.2 points). A deactivated site is not trialled again for ``cooldown_rounds`` [2] rounds,
-  doubled for each further deactivation in a row (at most ``MAX_COOLDOWN_ROUNDS``): live, a
+  either way; the EfficientNet video traces decided the same or within 0.2 points).
+  A deactivated site is not trialled again for ``cooldown_rounds`` [2] rounds, doubled
+  for each further deactivation in a row (at most ``MAX_COOLDOWN_ROUNDS``): live, a
   stream whose ramps cannot meet the constraint had the controller trial and drop the same
   two sites every round, each trial paying its serving cost on every sample and a session
   build in the worker. A site that keeps a non-negative utility through a round starts afresh.

@@ -294,13 +294,13 @@ def _probe(state: AdjustInput, rp: Replay, th: dict[int, float],
                          f"before the best ramp {best.ramp_id}", utils, added=[c])
     s = worst.ramp_id
     rest = [x for x in active if x != s]
-    to = next((x for x in range(s - 1, -1, -1) if x not in active and x not in exclude
-               and _fits(prof, [*rest, x], budget)), -1)
-    moved = [*rest, to]
-    if worst is not best and to >= 0:
+    to = -1 if worst is best else next(
+        (x for x in range(s - 1, -1, -1)
+         if x not in active and x not in exclude and _fits(prof, [*rest, x], budget)), -1)
+    if to >= 0:
         new_th = dict(zip(rest, _kept_thresholds(rp, rest, th, state.constraint)))
-        return _decision("shift_earlier", moved, new_th, f"all utilities positive, no room to "
-                         f"add: shift the worst ramp {s} to site {to}", utils,
+        return _decision("shift_earlier", [*rest, to], new_th, "all utilities positive, no "
+                         f"room to add: shift the worst ramp {s} to site {to}", utils,
                          deactivated=[s], added=[to])
     return _decision("keep", active, th, "all utilities positive; no free earlier site within "
                      "budget", utils)

@@ -218,7 +218,8 @@ def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, devi
                                 mask_input=src.mask_input if masked else "")
     del probe_sess
     t2 = time.perf_counter()
-    fits = rp.train_ramps(feats, src.classes, src.pool, steps=src.ramp_steps, log=log)
+    fits = rp.train_ramps(feats, src.classes, src.pool, steps=src.ramp_steps, log=log,
+                          targets=src.ramp_targets)
     t3 = time.perf_counter()
     for k, shape in feats.shapes.items():
         blocks[k] = replace(blocks[k], output_shape=list(shape))
@@ -362,7 +363,9 @@ def _serving_costs(rt, ramps: list[RampSpec], n_blocks: int, one: dict[str, np.n
 
 
 def _fingerprint(src: ModelSource, n: int) -> str:
-    return f"{RECIPE_VERSION}|{src.recipe}|n={n}|steps={src.ramp_steps}|max={src.max_ramps}"
+    targets = "" if src.ramp_targets == "top1" else f"|targets={src.ramp_targets}"
+    return (f"{RECIPE_VERSION}|{src.recipe}|n={n}|steps={src.ramp_steps}|max={src.max_ramps}"
+            f"{targets}")
 
 
 def _share(part: float | None, whole: float | None) -> float | None:

@@ -44,6 +44,7 @@ class ModelSource:
     sample: Callable[[int, int], dict[str, np.ndarray]]  # (n, seed) -> inputs
     pool: str = "gap"
     ramp_steps: int = 300
+    ramp_targets: str = "top1"  # what ramps learn of the final model (ramps.TARGETS)
     max_ramps: int = DEFAULT_MAX_RAMPS
     recipe: str = ""  # what shapes the artifacts: a change invalidates a prepared copy
     mask_input: str = ""  # the model input "masked_mean" pooling reads (attention mask)
@@ -158,7 +159,7 @@ def from_zoo(name: str) -> ModelSource:
         outputs=list(spec.outputs), classes=spec.classes,
         base_params=count_params([built.full]), bootstrap=spec.bootstrap,
         bootstrap_n=spec.bootstrap_n, sample=spec.sample_inputs, pool=spec.pool,
-        ramp_steps=spec.ramp_steps, max_ramps=spec.max_ramps, recipe=spec.recipe,
+        ramp_steps=spec.ramp_steps, ramp_targets=spec.ramp_targets, max_ramps=spec.max_ramps, recipe=spec.recipe,
         mask_input=spec.mask_input)
 
 

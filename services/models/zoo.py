@@ -38,6 +38,7 @@ class ModelSpec:
     bootstrap_n: int
     pool: str = "gap"  # N x S x H activations: "mean", "first" token or "masked_mean"
     ramp_steps: int = 300  # full-batch optimiser steps per ramp fit
+    ramp_targets: str = "top1"  # what ramps learn of the final model (ramps.TARGETS)
     max_ramps: int = 12  # candidate ramp sites kept (evenly spaced) of all the graph offers
     recipe: str = ""  # what shapes the artifacts; a change invalidates prepared copies
     mask_input: str = ""  # the model input "masked_mean" pooling reads
@@ -137,6 +138,7 @@ def _minilm_spec() -> ModelSpec:
         bootstrap=_minilm_bootstrap,
         bootstrap_n=13000,  # capped: the training split + distillation texts (12,234)
         pool="masked_mean",
+        ramp_targets="softmax",
         mask_input="attention_mask",
         recipe=f"mmean_fc;distill=other-topics;{mt.HEAD_RECIPE}",
     )

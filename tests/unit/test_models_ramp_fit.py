@@ -26,6 +26,62 @@ def test_loss_grads_match_autograd_of_the_documented_loss():
     assert torch.allclose(gb, b.grad, atol=1e-6)
 
 
+def test_loss_grads_take_class_probabilities_as_targets():
+    """Soft targets (distillation): the same loss against a probability vector per row."""
+    gen = torch.Generator().manual_seed(1)
+    f, n, c, k, l2 = 2, 30, 6, 4, 0.02
+    xs = torch.randn(f, n, c, generator=gen)
+    w = torch.randn(f, k, c, generator=gen, requires_grad=True)
+    b = torch.randn(f, k, generator=gen, requires_grad=True)
+    target = torch.softmax(torch.randn(n, k, generator=gen), dim=1)
+    weight = torch.full((f, n, 1), 1.0 / n)
+    logits = torch.baddbmm(b[:, None, :], xs, w.transpose(1, 2))
+    ce = -(target[None] * torch.log_softmax(logits, dim=2)).sum(dim=2)
+    loss = (ce * weight[:, :, 0]).sum() + l2 * w.pow(2).sum(dim=2).mean(dim=1).sum()
+    loss.backward()
+    with torch.no_grad():
+        gw, gb = rp.loss_grads(xs, w, b, target, weight, l2)
+    assert torch.allclose(gw, w.grad, atol=1e-6)
+    assert torch.allclose(gb, b.grad, atol=1e-6)
+
+
+def test_softmax_targets_teach_the_final_models_doubt():
+    """A top-1 fit is sure wherever the classes separate; a softmax fit stays unsure where
+    the final model was (60/40), so a confident threshold lets few of those rows exit."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((600, 8)).astype(np.float32)
+    doubt = x[:, 0] > 0                      # the final model hesitates on these rows
+    logits = np.zeros((600, 3), np.float32)
+    logits[:, 0] = np.where(doubt, np.log(0.6), 8.0)
+    logits[:, 1] = np.where(doubt, np.log(0.4), 0.0)
+    logits[:, 2] = -20.0                     # never seen: stays out of the fit
+    y = logits.argmax(axis=1)
+    (wh, bh), = rp.fit_linear(x, y, 3)
+    (ws, bs), = rp.fit_linear(x, y, 3, soft=logits, steps=600)
+
+    def top(w, b):
+        z = x @ w.T + b
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        return (p / p.sum(axis=1, keepdims=True)).max(axis=1)
+    sure_hard, sure_soft = top(wh, bh) > 0.9, top(ws, bs) > 0.9
+    assert sure_hard[doubt].mean() > 0.9     # top-1: would exit almost every doubtful row
+    assert sure_soft[doubt].mean() < 0.2     # softmax: holds most of them back
+    assert sure_soft[~doubt].mean() > 0.6    # and still answers clear ones (a linear head
+    assert rp.agreement(ws, bs, x, y) > 0.9  # cannot draw the step at x0 = 0 sharply)
+    assert not ws[2].any() and bs[2] < bs[:2].min() - 10  # no mass anywhere: not fitted
+
+
+def test_train_ramps_checks_its_targets():
+    import pytest
+
+    feats = rp.Features(by_block={0: np.zeros((10, 4), np.float32)}, ndims={0: 2},
+                        labels=np.zeros(10, np.int64), groups=np.arange(10))
+    with pytest.raises(ValueError, match="unknown ramp targets"):
+        rp.train_ramps(feats, 2, targets="logits")
+    with pytest.raises(ValueError, match="need the final model's logits"):
+        rp.train_ramps(feats, 2, targets="softmax")
+
+
 def test_fit_linear_learns_each_mask_and_ignores_rows_outside_it():
     rng = np.random.default_rng(0)
     centres = rng.standard_normal((4, 16)) * 3

@@ -363,7 +363,11 @@ def _serving_costs(rt, ramps: list[RampSpec], n_blocks: int, one: dict[str, np.n
 
 
 def _fingerprint(src: ModelSource, n: int) -> str:
-    targets = "" if src.ramp_targets == "top1" else f"|targets={src.ramp_targets}"
+    targets = ""
+    if src.ramp_targets != "top1":
+        from services.models.ramps import SOFT_TEMPERATURE  # torch: only such models pay
+
+        targets = f"|targets={src.ramp_targets}@{SOFT_TEMPERATURE:g}"
     return (f"{RECIPE_VERSION}|{src.recipe}|n={n}|steps={src.ramp_steps}|max={src.max_ramps}"
             f"{targets}")
 

@@ -122,3 +122,20 @@ def test_masked_mean_head_and_features_average_real_tokens_only():
         rp.pool_np(x, "masked_mean")
     with pytest.raises(ValueError, match="attention mask"):
         head(torch.from_numpy(x))
+
+
+def test_ramp_targets_are_part_of_the_recipe():
+    """A copy prepared with other ramp targets (or temperature) is rebuilt, not reused."""
+    import onnx
+
+    from services.models.prepare import _fingerprint
+    from services.models.source import ModelSource
+
+    def src(targets: str) -> ModelSource:
+        return ModelSource(name="m", kind="classifier", description="", model=onnx.ModelProto(),
+                           inputs=[], outputs=[], classes=2, base_params=0,
+                           bootstrap=lambda n, s: iter(()), bootstrap_n=10,
+                           sample=lambda n, s: {}, ramp_targets=targets)
+    top1, soft = _fingerprint(src("top1"), 10), _fingerprint(src("softmax"), 10)
+    assert top1 != soft and "targets=" not in top1  # top-1 copies made before stay valid
+    assert f"softmax@{rp.SOFT_TEMPERATURE:g}" in soft

@@ -114,7 +114,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                        force=args.force, log=say, progress=say,
                        data=Path(args.data) if args.data else None, name=args.name,
                        bootstrap_n=args.bootstrap_n, device=cfg.device, threads=cfg.ort_threads,
-                       choice=choice, mask_input=args.mask_input)
+                       choice=choice, mask_input=args.mask_input,
+                       ramp_targets=args.ramp_targets)
     except ValueError as exc:  # SourceError and unknown zoo names
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -291,6 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--mask-input", help="text models: the input whose real tokens ramps "
                       "average over (default: an integer input named *mask* beside the ids); "
                       "none = plain mean over every position")
+    prep.add_argument("--ramp-targets", choices=("top1", "softmax"),
+                      help="what ramps learn of the final model: its top-1, or its softmax "
+                      "(distillation, sharpened at temperature 0.5); default per model "
+                      "(minilm-topics: softmax, others: top1)")
     prep.add_argument("--force", action="store_true", help="rebuild even if an intact copy exists")
     prep.add_argument("--models-dir")
     prep.add_argument("--no-store", action="store_true", help="do not record it in the store")

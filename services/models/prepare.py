@@ -437,16 +437,26 @@ def prepare(
     name: str | None = None,
     choice: SiteChoice = SiteChoice(),
     mask_input: str | None = None,
+    ramp_targets: str | None = None,
 ) -> Path:
     """Prepare a zoo model or a user's ONNX / torch model under ``models_dir`` (reusing an
     intact copy made by the same recipe); return its folder. ``mask_input``: the model
-    input text ramps average over (``"none"``: plain mean; default: the source's choice)."""
+    input text ramps average over (``"none"``: plain mean; default: the source's choice).
+    ``ramp_targets``: what the ramps learn of the final model (``ramps.TARGETS``; default:
+    the source's choice, top-1 for a user's model)."""
     from services.models.source import resolve, with_mask_input
 
     models_dir = Path(models_dir)
     src = resolve(target, data, name)  # SourceError says what is wrong with the input
     if mask_input is not None:
         src = with_mask_input(src, mask_input)
+    if ramp_targets is not None:  # part of the recipe: another choice rebuilds
+        from services.models.ramps import TARGETS
+
+        if ramp_targets not in TARGETS:
+            raise ValueError(f"unknown ramp targets {ramp_targets!r}; known: "
+                             f"{', '.join(TARGETS)}")
+        src = replace(src, ramp_targets=ramp_targets)
     if choice != SiteChoice():
         src = replace(src, recipe=f"{src.recipe}|keep={','.join(choice.keep)}",
                       max_ramps=choice.max_ramps or src.max_ramps)

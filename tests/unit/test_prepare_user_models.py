@@ -260,3 +260,20 @@ def test_mask_input_chooses_the_text_ramps_pooling(tmp_path):
     with pytest.raises(SourceError, match="not an input.*'ids', 'mask'"):
         prepare(str(path), tmp_path / "bad", data=data, log=quiet, progress=quiet,
                 mask_input="attention_mask")
+
+
+def test_ramp_targets_choose_what_the_ramps_learn(tmp_path):
+    """--ramp-targets softmax is part of the recipe: the top-1 copy is rebuilt, not reused."""
+    path, out, _, _ = _prepared_tinybert(tmp_path, seed=3)
+    top1 = Manifest.load(out)
+    assert "targets=" not in top1.meta["recipe"]
+    said: list[str] = []
+    soft_dir = prepare(str(path), tmp_path / "models", data=tmp_path / "data.npz",
+                       log=said.append, progress=quiet, ramp_targets="softmax")
+    soft = Manifest.load(soft_dir)
+    assert any("another recipe; rebuilding" in m for m in said)
+    assert "targets=softmax@0.5" in soft.meta["recipe"]
+    assert [r.agreement for r in soft.ramps] != [r.agreement for r in top1.ramps]
+    with pytest.raises(ValueError, match="unknown ramp targets 'logits'"):
+        prepare(str(path), tmp_path / "models", data=tmp_path / "data.npz", log=quiet,
+                progress=quiet, ramp_targets="logits")

@@ -215,7 +215,8 @@ def _build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, devi
     probe_sess = ort.InferenceSession(probe.SerializeToString(), so, providers=providers)
     feats = rp.collect_features(probe_sess, [s.tensor for s in chosen],
                                 src.bootstrap(n, BOOTSTRAP_SEED), n, src.pool, progress,
-                                mask_input=src.mask_input if masked else "")
+                                mask_input=src.mask_input if masked else "",
+                                keep_logits=src.ramp_targets == "softmax")
     del probe_sess
     t2 = time.perf_counter()
     fits = rp.train_ramps(feats, src.classes, src.pool, steps=src.ramp_steps, log=log,

@@ -121,11 +121,13 @@ def collect_features(
     pool: str = "gap",
     log: Log = stderr_log,
     mask_input: str = "",
+    keep_logits: bool = False,
 ) -> Features:
     """One pass of the whole model over the bootstrap data with every site tensor as an
     extra output (``onnx_blocks.add_outputs``); activations are pooled right away so memory
     stays small. ``Features.by_block[k]`` holds site ``k`` (the output of block ``k``).
-    ``mask_input``: the model input that masked_mean pooling reads."""
+    ``mask_input``: the model input that masked_mean pooling reads. ``keep_logits``: keep
+    the final logits too (softmax targets; N x classes can be large, so only when asked)."""
     pooled: dict[int, list[np.ndarray]] = {k: [] for k in range(len(sites))}
     ndims: dict[int, int] = {}
     shapes: dict[int, tuple[int, ...]] = {}
@@ -140,7 +142,8 @@ def collect_features(
             ndims[k], shapes[k] = a.ndim, tuple(a.shape[1:])
             pooled[k].append(pool_np(a, pool, mask).astype(np.float32))
         labels.append(logits.argmax(axis=1).astype(np.int64))
-        finals.append(np.asarray(logits, np.float32))
+        if keep_logits:
+            finals.append(np.asarray(logits, np.float32))
         groups.append(np.asarray(group, np.int64))
         done += len(group)
         elapsed = time.perf_counter() - t0
@@ -155,7 +158,7 @@ def collect_features(
         labels=np.concatenate(labels),
         groups=np.concatenate(groups),
         shapes=shapes,
-        logits=np.concatenate(finals),
+        logits=np.concatenate(finals) if keep_logits else None,
     )
 
 

@@ -292,8 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--mask-input", help="text models: the input whose real tokens ramps "
                       "average over (default: an integer input named *mask* beside the ids); "
                       "none = plain mean over every position")
-    prep.add_argument("--ramp-targets", choices=("top1", "softmax"),
-                      help="what ramps learn of the final model: its top-1, or its softmax "
+    prep.add_argument("--ramp-targets",
+                      help="what ramps learn of the final model: top1, or softmax "
                       "(distillation, sharpened at temperature 0.5); default per model "
                       "(minilm-topics: softmax, others: top1)")
     prep.add_argument("--force", action="store_true", help="rebuild even if an intact copy exists")

@@ -452,11 +452,9 @@ def prepare(
     if mask_input is not None:
         src = with_mask_input(src, mask_input)
     if ramp_targets is not None:  # part of the recipe: another choice rebuilds
-        from services.models.ramps import TARGETS
+        from services.models.ramps import check_targets
 
-        if ramp_targets not in TARGETS:
-            raise ValueError(f"unknown ramp targets {ramp_targets!r}; known: "
-                             f"{', '.join(TARGETS)}")
+        check_targets(ramp_targets)  # before any work, not after the feature pass
         src = replace(src, ramp_targets=ramp_targets)
     if choice != SiteChoice():
         src = replace(src, recipe=f"{src.recipe}|keep={','.join(choice.keep)}",

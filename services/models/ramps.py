@@ -205,8 +205,8 @@ def fit_linear(
     masks = [np.ones(len(y), bool)] if train_masks is None else train_masks
     seen = np.unique(y)
     if soft is not None:  # a runner-up carries the doubt a ramp should learn: fit it too
-        probs = torch.softmax(torch.from_numpy(np.asarray(soft, np.float32)), dim=1).numpy()
-        seen = np.union1d(seen, np.flatnonzero(probs.max(axis=0) >= SOFT_MASS))
+        probs = torch.softmax(torch.from_numpy(np.asarray(soft, np.float32)), dim=1)
+        seen = np.union1d(seen, np.flatnonzero(probs.max(dim=0).values.numpy() >= SOFT_MASS))
     m = torch.from_numpy(np.stack(masks).astype(np.float32))  # F×N
     count = m.sum(dim=1).clamp(min=1.0)
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
@@ -216,8 +216,9 @@ def fit_linear(
     if soft is None:
         target = nn.functional.one_hot(torch.from_numpy(np.searchsorted(seen, y)),
                                        len(seen)).float()
-    else:
-        target = torch.softmax(torch.from_numpy(np.asarray(soft, np.float32)[:, seen]), dim=1)
+    else:  # the fitted classes' share, renormalised
+        target = probs[:, seen]
+        target /= target.sum(dim=1, keepdim=True)
     weight = (m / count[:, None])[:, :, None]  # F×N×1: each fit's loss is a mean over its rows
     gen = torch.Generator().manual_seed(seed)
     bound = 1.0 / np.sqrt(x.shape[1])  # nn.Linear's initialisation
@@ -280,6 +281,11 @@ class RampFit:
         return int(self.weight.size + self.bias.size)
 
 
+def check_targets(targets: str) -> None:
+    if targets not in TARGETS:
+        raise ValueError(f"unknown ramp targets {targets!r}; known: {', '.join(TARGETS)}")
+
+
 def train_ramps(
     feats: Features,
     classes: int,
@@ -295,8 +301,7 @@ def train_ramps(
     Held-out agreement varies a lot with which scenes are held out, so one 80/20 split
     is a noisy estimate; the mean over folds is the figure recorded in the manifest.
     """
-    if targets not in TARGETS:
-        raise ValueError(f"unknown ramp targets {targets!r}; known: {TARGETS}")
+    check_targets(targets)
     if targets == "softmax" and feats.logits is None:
         raise ValueError("softmax targets need the final model's logits in the features")
     soft = feats.logits / SOFT_TEMPERATURE if targets == "softmax" else None

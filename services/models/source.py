@@ -159,8 +159,8 @@ def from_zoo(name: str) -> ModelSource:
         outputs=list(spec.outputs), classes=spec.classes,
         base_params=count_params([built.full]), bootstrap=spec.bootstrap,
         bootstrap_n=spec.bootstrap_n, sample=spec.sample_inputs, pool=spec.pool,
-        ramp_steps=spec.ramp_steps, ramp_targets=spec.ramp_targets, max_ramps=spec.max_ramps, recipe=spec.recipe,
-        mask_input=spec.mask_input)
+        ramp_steps=spec.ramp_steps, ramp_targets=spec.ramp_targets, max_ramps=spec.max_ramps,
+        recipe=spec.recipe, mask_input=spec.mask_input)
 
 
 def from_onnx_file(path: Path, data: Path | None, name: str | None = None) -> ModelSource:

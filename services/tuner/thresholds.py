@@ -126,10 +126,6 @@ class Replay:
         self.score = window.score
         self._cols = np.arange(n)
 
-    def passes(self, thresholds: np.ndarray) -> np.ndarray:
-        """R x N: whether each sample's score passes each ramp's threshold."""
-        return self.score < np.asarray(thresholds, dtype=np.float64)[:, None]
-
     def exit_index(self, configs: np.ndarray) -> np.ndarray:
         """C x N index of the answering ramp (R = the final model) for C threshold vectors."""
         configs = np.asarray(configs, dtype=np.float64)

@@ -1,40 +1,25 @@
 """Ramp-head fitting (services/models/ramps.py): the hand-written gradient and the fits."""
 
 import numpy as np
+import pytest
 import torch
 
 from services.models import ramps as rp
 
 
-def test_loss_grads_match_autograd_of_the_documented_loss():
+@pytest.mark.parametrize("soft", [False, True], ids=["one-hot", "probabilities"])
+def test_loss_grads_match_autograd_of_the_documented_loss(soft):
+    """Cross-entropy against one-hot labels or (distillation) a probability vector per row."""
     gen = torch.Generator().manual_seed(0)
     f, n, c, k, l2 = 3, 40, 7, 5, 0.02
     xs = torch.randn(f, n, c, generator=gen)
     w = torch.randn(f, k, c, generator=gen, requires_grad=True)
     b = torch.randn(f, k, generator=gen, requires_grad=True)
     y = torch.randint(0, k, (n,), generator=gen)
+    target = (torch.softmax(torch.randn(n, k, generator=gen), dim=1) if soft
+              else torch.nn.functional.one_hot(y, k).float())
     mask = (torch.rand(f, n, generator=gen) < 0.7).float()
     weight = (mask / mask.sum(dim=1, keepdim=True))[:, :, None]
-    logits = torch.baddbmm(b[:, None, :], xs, w.transpose(1, 2))
-    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, k), y.repeat(f),
-                                           reduction="none").view(f, n)
-    loss = (ce * weight[:, :, 0]).sum() + l2 * w.pow(2).sum(dim=2).mean(dim=1).sum()
-    loss.backward()
-    with torch.no_grad():
-        gw, gb = rp.loss_grads(xs, w, b, torch.nn.functional.one_hot(y, k).float(), weight, l2)
-    assert torch.allclose(gw, w.grad, atol=1e-6)
-    assert torch.allclose(gb, b.grad, atol=1e-6)
-
-
-def test_loss_grads_take_class_probabilities_as_targets():
-    """Soft targets (distillation): the same loss against a probability vector per row."""
-    gen = torch.Generator().manual_seed(1)
-    f, n, c, k, l2 = 2, 30, 6, 4, 0.02
-    xs = torch.randn(f, n, c, generator=gen)
-    w = torch.randn(f, k, c, generator=gen, requires_grad=True)
-    b = torch.randn(f, k, generator=gen, requires_grad=True)
-    target = torch.softmax(torch.randn(n, k, generator=gen), dim=1)
-    weight = torch.full((f, n, 1), 1.0 / n)
     logits = torch.baddbmm(b[:, None, :], xs, w.transpose(1, 2))
     ce = -(target[None] * torch.log_softmax(logits, dim=2)).sum(dim=2)
     loss = (ce * weight[:, :, 0]).sum() + l2 * w.pow(2).sum(dim=2).mean(dim=1).sum()
@@ -72,8 +57,6 @@ def test_softmax_targets_teach_the_final_models_doubt():
 
 
 def test_train_ramps_checks_its_targets():
-    import pytest
-
     feats = rp.Features(by_block={0: np.zeros((10, 4), np.float32)}, ndims={0: 2},
                         labels=np.zeros(10, np.int64), groups=np.arange(10))
     with pytest.raises(ValueError, match="unknown ramp targets"):
@@ -102,8 +85,6 @@ def test_fit_linear_learns_each_mask_and_ignores_rows_outside_it():
 
 def test_masked_mean_head_and_features_average_real_tokens_only():
     """The exported head and the training features pool alike: padding never counts."""
-    import pytest
-
     rng = np.random.default_rng(3)
     x = rng.standard_normal((4, 6, 5)).astype(np.float32)
     mask = (np.arange(6)[None, :] < np.array([[1], [3], [6], [2]])).astype(np.int64)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from services.sim.replay import MODE, POLICIES, PolicyResult
+from services.tuner import climb_native
 
 ROLL = 64  # samples in the rolling median of the latency plot
 
@@ -90,7 +91,7 @@ def report(results: dict[str, Any], trace_path: str, meta: dict[str, Any],
         out.update({
             "tuning_ms_p50": _pct(wall["tune"], 50), "tuning_ms_p95": _pct(wall["tune"], 95),
             "adjust_ms_p50": _pct(wall["adjust"], 50), "adjust_ms_p95": _pct(wall["adjust"], 95),
-            "record_ms_p50": _pct(wall["record"], 50),
+            "record_ms_p50": _pct(wall["record"], 50), "climb": climb_native.engine(),
             "timing_passes": off.extra.get("timing_passes", 1),
             "grid_gap": grid.get("grid_gap"), "grid": grid,
             "counts": off.extra["counts"], "tunes": len(wall["tune"]),
@@ -137,7 +138,8 @@ def table(doc: dict[str, Any]) -> str:
                      f"{doc['active_ramps_mean']:.2f} active ramps on average")
         lines.append(f"  wall time per call (fastest of {doc.get('timing_passes', 1)} identical "
                      f"passes): tuning p50 {fmt(doc['tuning_ms_p50'])} ms, "
-                     f"adjust p50 {fmt(doc['adjust_ms_p50'])} ms; grid gap {gap}")
+                     f"adjust p50 {fmt(doc['adjust_ms_p50'])} ms ({doc.get('climb', 'python')} "
+                     f"climb); grid gap {gap}")
     return "\n".join(lines)
 
 

@@ -180,6 +180,7 @@ def report(runs: list[dict[str, dict[str, Any]]], trace, replay: dict,
     """The JSON document (see the module docstring for what is live and what is not)."""
     from services.bench.apparate import _pct
     from services.bench.live_metrics import aggregate
+    from services.tuner.climb_native import engine as climb_engine
 
     doc: dict[str, Any] = {
         "mode": "live", "model": args.model, "workload": trace.meta.get("workload"),
@@ -197,6 +198,7 @@ def report(runs: list[dict[str, dict[str, Any]]], trace, replay: dict,
     wall = off.extra["wall_ms"]
     doc.update({
         "tuning_ms_p50": _pct(wall["tune"], 50), "adjust_ms_p50": _pct(wall["adjust"], 50),
+        "climb": climb_engine(),
         "grid_gap": off.extra.get("grid", {}).get("grid_gap"),
         "timing_passes": off.extra.get("timing_passes", 1),
         "tuning_source": "replay of the same stream through the same controller code "
@@ -267,7 +269,7 @@ def table(doc: dict[str, Any]) -> str:
                          f"{ms(g['serving_p75_ms'])}" for k, g in o["by_exit"].items()))
     lines.append(f"  oracle: {doc['oracle']['source']}")
     lines.append(f"  tuning p50 {ms(doc['tuning_ms_p50'])} ms, ramp adjustment p50 "
-                 f"{ms(doc['adjust_ms_p50'])} ms, grid gap "
+                 f"{ms(doc['adjust_ms_p50'])} ms ({doc.get('climb', 'python')} climb), grid gap "
                  + ("-" if doc["grid_gap"] is None else f"{100 * doc['grid_gap']:+.1f}%")
                  + f" ({doc['tuning_source']})")
     return "\n".join(lines)

@@ -95,6 +95,7 @@ DOCUMENTED = [
     ("OFFRAMP_ACCURACY_LOSS", "0.01", "accuracy constraint: largest allowed loss of agreement with the final model"),
     ("OFFRAMP_RAMP_BUDGET", "0.02", "worst-case latency the active ramps may add (their measured serving cost), as a share of the model's"),
     ("OFFRAMP_ADAPT", "0", "1: `offramp up` also runs the tuner (continual exit adaptation)"),
+    ("OFFRAMP_TUNER_NATIVE", "1", "0: the tuner climbs in Python instead of its compiled climb (same decisions; for comparison)"),
     ("OFFRAMP_NATS_PROCS", "0", "GOMAXPROCS of the NATS server `offramp up` starts (0 = 1 on machines of up to 4 cores, else Go's default)"),
 ]
 

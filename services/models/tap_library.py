@@ -1,25 +1,21 @@
-"""The ramp tap's native library (``ramp_tap.c``): built once per source with the system C
-compiler, cached under ``$OFFRAMP_HOME/native``, loaded with ctypes.
-
-Building at run time keeps installation plain (no compiler needed to install offramp); a
-machine without a C compiler serves tapped ramps split instead, and ``load`` says why.
+"""The ramp tap's native library (``ramp_tap.c``), built and cached by
+``services.common.native``. A machine without a C compiler serves tapped ramps split
+instead, and ``load`` says why.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
 import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common import native
+
 SOURCE = Path(__file__).with_name("ramp_tap.c")
 ABI = 1                  # offramp_tap_abi() of a library built from this SOURCE
 FLAGS = ("-O2", "-shared", "-fPIC", "-fvisibility=default")
-COMPILERS = ("cc", "gcc", "clang")
 
 # (ramp, batch, n exited rows, rows int64*, logits float*, classes, outcome float* [batch, 2])
 EXIT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
@@ -38,36 +34,14 @@ _loaded: TapLibrary | None = None
 _failure: str | None = None
 
 
-def _native_dir() -> Path:
-    from services.common.config import load as load_config
-
-    return load_config().home / "native"
-
-
 def library_file(folder: Path) -> Path:
     """Where the library built from today's SOURCE (and flags) lives in ``folder``."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    return folder / f"ramp_tap-{digest}.so"
+    return native.library_file(SOURCE, folder, FLAGS)
 
 
 def build(folder: Path) -> Path:
-    """Compile SOURCE into ``folder`` unless that build is there; raises with the compiler's
-    message on failure. Safe against concurrent builders (atomic rename)."""
-    out = library_file(folder)
-    if out.exists():
-        return out
-    cc = next((c for c in COMPILERS if shutil.which(c)), None)
-    if cc is None:
-        raise RuntimeError(f"no C compiler found (tried {', '.join(COMPILERS)})")
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-    cmd = [cc, *FLAGS, "-o", str(tmp), str(SOURCE), "-lm"]
-    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}")
-    os.replace(tmp, out)
-    return out
+    """Compile SOURCE into ``folder`` unless that build is there (``native.build``)."""
+    return native.build(SOURCE, folder, FLAGS)
 
 
 def load(folder: Path | None = None) -> TapLibrary | None:
@@ -77,7 +51,7 @@ def load(folder: Path | None = None) -> TapLibrary | None:
     with _lock:
         if _loaded is None and _failure is None:
             try:
-                path = build(folder if folder is not None else _native_dir())
+                path = build(folder if folder is not None else native.native_dir())
                 lib = ctypes.CDLL(str(path))
                 if lib.offramp_tap_abi() != ABI:
                     raise RuntimeError(f"{path} has ABI {lib.offramp_tap_abi()}, want {ABI}")

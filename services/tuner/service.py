@@ -24,6 +24,7 @@ from schemas.messages import ExitConfig, decode_map
 from services.common import bus, logs
 from services.common.config import Config
 from services.models.manifest import Manifest
+from services.tuner import climb_native
 from services.tuner.controller import Decision, ExitController
 from services.tuner.window import ExitWindow, LatencyProfile
 
@@ -163,7 +164,11 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     await nc.subscribe(subjects.telemetry_samples("*"), cb=tuner.on_samples)
     await nc.subscribe(subjects.exit_config("*"), cb=tuner.on_config)
     log.info("tuner ready %s", logs.kv(models=",".join(tuner.models),
-                                        constraint=cfg.accuracy_loss))
+                                        constraint=cfg.accuracy_loss,
+                                        climb=climb_native.engine()))
+    if climb_native.failure():
+        log.warning("%s: the tuner climbs in Python (same decisions, slower)",
+                    climb_native.failure())
     await stop.wait()
     for t in tuner.models.values():
         await tuner._save_state(t)

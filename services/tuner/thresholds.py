@@ -48,6 +48,7 @@ from itertools import islice, product
 
 import numpy as np
 
+from services.tuner import climb_native
 from services.tuner.window import ExitWindow, LatencyProfile
 
 DEFAULT_CONSTRAINT = 0.01  # at most 1% disagreement with the final model
@@ -240,20 +241,59 @@ def tune(window: ExitWindow, profile: LatencyProfile, constraint: float = DEFAUL
          start: Sequence[float] | None = None, floor: float = DEFAULT_FLOOR,
          initial_step: float = DEFAULT_INITIAL_STEP,
          max_threshold: float = DEFAULT_MAX_THRESHOLD, max_rounds: int = 10_000,
-         replay: Replay | None = None) -> TuneResult:
+         replay: Replay | None = None, native: bool | None = None) -> TuneResult:
     """Greedy hill climb (§3.2, Algorithm 1) for the thresholds with the largest latency savings
     whose agreement with the final model stays >= 1 - constraint on this window
-    (``replay``: the caller's ``Replay`` of this window and profile, to reuse)."""
+    (``replay``: the caller's ``Replay`` of this window and profile, to reuse). ``native``:
+    climb in compiled code (``climb.c``, the same decisions) or in Python; None = compiled
+    when it is available here."""
     check_constraint(constraint)
     if not 0 < floor <= initial_step:
         raise ValueError(f"need 0 < floor <= initial_step, got floor={floor}, step={initial_step}")
     if max_threshold <= 0:
         raise ValueError("max_threshold must be positive")
     rp = replay if replay is not None else Replay(window, profile)
-    bits = _Bits(rp)
     r, n = rp.n_ramps, rp.n_samples
     allowed = allowed_disagreements(n, constraint)
     th = [min(float(t), max_threshold) for t in as_thresholds(start, r, "start")]
+    if native is None:
+        native = climb_native.enabled()
+    if native:
+        return _climb_compiled(rp, th, allowed, floor, initial_step, max_threshold, max_rounds)
+    return _climb_python(rp, th, allowed, floor, initial_step, max_threshold, max_rounds)
+
+
+def _climb_compiled(rp: Replay, th: list[float], allowed: int, floor: float,
+                    initial_step: float, max_threshold: float, max_rounds: int) -> TuneResult:
+    # any order of tied scores does: a threshold never splits a tie (it passes all or none),
+    # and the default sort is several times faster than a stable one
+    order = np.argsort(rp.score, axis=1)
+    wrong = ~rp.agree  # last row: the model, never wrong
+    c = climb_native.climb(np.take_along_axis(rp.score, order, axis=1), order, wrong,
+                           rp.exit_lat, th, allowed, floor, initial_step, max_threshold,
+                           max_rounds)
+    n, ids = rp.n_samples, rp.window.ramp_ids
+    lat_ms = rp.exit_lat.tolist()
+    lat, covered = 0.0, 0
+    for k in range(rp.n_ramps):  # as _Bits.evaluation forms it
+        lat += c.counts[k] * lat_ms[k]
+        covered += c.counts[k]
+    mean = (lat + (n - covered) * lat_ms[rp.n_ramps]) / n
+    ev = Evaluation(agreement=1.0 - c.disagreements / n, mean_latency_ms=mean,
+                    exit_rates=tuple(x / n for x in c.counts[: rp.n_ramps]),
+                    savings_ms=rp.profile.full_ms - mean, disagreements=c.disagreements,
+                    samples=n)
+    moves = tuple(Move(round=rnd, ramp_id=ids[i], threshold=t, step=st, gain_ms=g / n,
+                       loss=loss / n) for rnd, i, t, st, g, loss in c.moves)
+    return TuneResult(thresholds=tuple(c.thresholds), evaluation=ev, rounds=c.rounds,
+                      moves=moves, steps=tuple(c.steps), start=tuple(c.start))
+
+
+def _climb_python(rp: Replay, th: list[float], allowed: int, floor: float,
+                  initial_step: float, max_threshold: float, max_rounds: int) -> TuneResult:
+    bits = _Bits(rp)
+    r, n = rp.n_ramps, rp.n_samples
+    window, profile = rp.window, rp.profile
     ranks = [bits.rank(k, t) for k, t in enumerate(th)]
     zero = (0, 0.0, 0)
     trace: list[tuple[int, float, int]] = []  # state before each ramp under ``ranks``

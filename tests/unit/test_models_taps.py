@@ -7,6 +7,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from services.common import native
 from services.models import tap_library, taps
 from services.models.manifest import Manifest
 from services.models.onnx_blocks import assemble
@@ -153,7 +154,7 @@ def test_the_library_builds_once_per_source_and_fails_clearly(tmp_path, monkeypa
     assert built == tap_library.library_file(tmp_path / "a") and built.exists()
     stamp = built.stat().st_mtime_ns
     assert tap_library.build(tmp_path / "a").stat().st_mtime_ns == stamp   # cached
-    monkeypatch.setattr(tap_library, "COMPILERS", ("no-such-cc",))
+    monkeypatch.setattr(native, "COMPILERS", ("no-such-cc",))
     monkeypatch.setattr(tap_library, "_loaded", None)
     monkeypatch.setattr(tap_library, "_failure", None)
     assert tap_library.load(tmp_path / "b") is None

@@ -267,13 +267,22 @@ def _user_source(model: onnx.ModelProto, raw: bytes, data: Path | None, name: st
 def with_mask_input(src: ModelSource, mask: str) -> ModelSource:
     """``src`` with its text ramps' pooling chosen by hand (``offramp prepare --mask-input``):
     the mean over the real tokens that model input ``mask`` marks, or with ``none`` the
-    plain mean over every position."""
+    plain mean over every position. Only models with a per-position input (one value per
+    token: ``[S]``) take it: an image model's ramps average over space whatever is said."""
+    positional = [t for t in src.inputs if len(t.shape) == 1]
+    if not positional:
+        shapes = ", ".join(f"{t.name} {t.shape}" for t in src.inputs)
+        raise SourceError(f"--mask-input is for text models, whose ramps pool over token "
+                          f"positions; {src.name} has no per-position input ({shapes})")
     if mask.lower() == "none":
         return replace(src, pool="mean", mask_input="", recipe=f"{src.recipe}|mask=none")
     spec = next((t for t in src.inputs if t.name == mask), None)
     if spec is None:
         raise SourceError(f"--mask-input {mask!r} is not an input of {src.name}; its inputs: "
                           f"{[t.name for t in src.inputs]} (or none: plain mean)")
+    if len(spec.shape) != 1:
+        raise SourceError(f"--mask-input {mask!r} has shape {spec.shape}, not one value per "
+                          "token position")
     if np.dtype(spec.dtype).kind not in "iubf":
         raise SourceError(f"--mask-input {mask!r} is {spec.dtype}, not a numeric mask")
     return replace(src, pool="masked_mean", mask_input=mask, recipe=f"{src.recipe}|mask={mask}")

@@ -40,6 +40,7 @@ class Config:
     nats_procs: int = 0
     ort_spin: str = "off"
     feedback_backlog: int = 8
+    inline_ms: float = 2.0
     extra: dict[str, str] = field(default_factory=dict)
 
     def as_env(self) -> dict[str, str]:
@@ -66,6 +67,7 @@ class Config:
             "OFFRAMP_NATS_PROCS": str(self.nats_procs),
             "OFFRAMP_ORT_SPIN": self.ort_spin,
             "OFFRAMP_FEEDBACK_BACKLOG": str(self.feedback_backlog),
+            "OFFRAMP_INLINE_MS": str(self.inline_ms),
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
@@ -92,6 +94,7 @@ DOCUMENTED = [
     ("OFFRAMP_ORT_THREADS", "0", "ONNX Runtime intra-op threads (0 = runtime default)"),
     ("OFFRAMP_ORT_SPIN", "off", "off | auto | on: a worker's intra-op threads spin-wait between operators in runs without active ramps (auto: on when `offramp up` runs one worker on the host, else off); runs with active ramps never spin"),
     ("OFFRAMP_FEEDBACK_BACKLOG", "8", "batches whose answers all left early that a worker may set aside, cutting their run short for a request that waits, and re-run for the monitor's feedback when idle (0: every run goes to the end)"),
+    ("OFFRAMP_INLINE_MS", "2", "a batch whose profiled compute is below this many ms runs on the worker's event loop (no thread hand-off; its early answers leave at once, but a run with only feedback left cannot give way); 0: every batch runs in a thread"),
     ("OFFRAMP_ACCURACY_LOSS", "0.01", "accuracy constraint: largest allowed loss of agreement with the final model"),
     ("OFFRAMP_RAMP_BUDGET", "0.02", "worst-case latency the active ramps may add (their measured serving cost), as a share of the model's"),
     ("OFFRAMP_ADAPT", "0", "1: `offramp up` also runs the tuner (continual exit adaptation)"),
@@ -142,6 +145,7 @@ def _load() -> Config:
         nats_procs=int(_env("OFFRAMP_NATS_PROCS", "0")),
         ort_spin=_choice("OFFRAMP_ORT_SPIN", "off", ORT_SPIN_SETTINGS),
         feedback_backlog=_non_negative("OFFRAMP_FEEDBACK_BACKLOG", "8"),
+        inline_ms=_non_negative_float("OFFRAMP_INLINE_MS", "2"),
     )
 
 
@@ -156,6 +160,17 @@ def _non_negative(name: str, default: str) -> int:
     value = int(_env(name, default))
     if value < 0:
         raise ConfigError(f"{name}={value}: must be >= 0")
+    return value
+
+
+def _non_negative_float(name: str, default: str) -> float:
+    text = _env(name, default)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r}: not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError(f"{name}={value}: must be a finite number >= 0")
     return value
 
 

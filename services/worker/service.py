@@ -39,9 +39,6 @@ from services.worker.stage_exec import execute
 from services.worker.telemetry import TelemetryBuffer
 
 STORE_HEARTBEAT_S = 2.0
-# A batch expected to compute faster than this runs on the event loop itself: a thread
-# hop costs more than the work (trivial models), and heartbeats wait at most this long.
-INLINE_COMPUTE_MS = 2.0
 
 
 @dataclass(frozen=True)
@@ -167,7 +164,9 @@ class Worker:
                 await self.process_threaded(batch, received)
 
     def _is_inline(self, batch: Batch) -> bool:
-        return self.stage_ms * len(batch.ids) < INLINE_COMPUTE_MS
+        # expected to compute faster than OFFRAMP_INLINE_MS: runs on the event loop itself (a
+        # thread hop costs more than the work; heartbeats wait at most this long)
+        return self.stage_ms * len(batch.ids) < self.cfg.inline_ms
 
     def _begin(self, inline: bool) -> None:
         if self.next_config is not None:  # between batches, never mid-batch

@@ -143,3 +143,21 @@ def test_without_a_backlog_or_room_runs_go_to_the_end(models_dir) -> None:
 
     asyncio.run(asyncio.wait_for(go(), 60))
 
+
+
+def test_inline_threshold_decides_where_a_batch_runs(models_dir, monkeypatch) -> None:
+    """OFFRAMP_INLINE_MS: a batch expected to compute faster runs on the event loop (and then
+    cannot give way); 0 sends every batch to a thread; bad values are refused."""
+    async def go():
+        w, _ = _worker(models_dir, backlog=4)
+        one, four = _batch("one", 1), _batch("four", 4)
+        for ms, want in ((0.0, (False, False)), (w.stage_ms * 2, (True, False)),
+                         (w.stage_ms * 5, (True, True))):
+            w.cfg = dataclasses.replace(w.cfg, inline_ms=ms)
+            assert (w._is_inline(one), w._is_inline(four)) == want, ms
+
+    asyncio.run(go())
+    for bad in ("-1", "nan", "inf", "x"):
+        monkeypatch.setenv("OFFRAMP_INLINE_MS", bad)
+        with pytest.raises(config_mod.ConfigError, match="OFFRAMP_INLINE_MS"):
+            config_mod.load()

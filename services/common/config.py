@@ -40,7 +40,7 @@ class Config:
     nats_procs: int = 0
     ort_spin: str = "off"
     feedback_backlog: int = 8
-    inline_ms: float = 2.0
+    inline_ms: float = 5.0
     extra: dict[str, str] = field(default_factory=dict)
 
     def as_env(self) -> dict[str, str]:
@@ -94,7 +94,7 @@ DOCUMENTED = [
     ("OFFRAMP_ORT_THREADS", "0", "ONNX Runtime intra-op threads (0 = runtime default)"),
     ("OFFRAMP_ORT_SPIN", "off", "off | auto | on: a worker's intra-op threads spin-wait between operators in runs without active ramps (auto: on when `offramp up` runs one worker on the host, else off); runs with active ramps never spin"),
     ("OFFRAMP_FEEDBACK_BACKLOG", "8", "batches whose answers all left early that a worker may set aside, cutting their run short for a request that waits, and re-run for the monitor's feedback when idle (0: every run goes to the end)"),
-    ("OFFRAMP_INLINE_MS", "2", "a batch whose profiled compute is below this many ms runs on the worker's event loop (no thread hand-off; its early answers leave at once, but a run with only feedback left cannot give way); 0: every batch runs in a thread"),
+    ("OFFRAMP_INLINE_MS", "5", "a batch whose profiled compute is below this many ms runs on the worker's event loop (no thread hand-off; its early answers leave at once, but a run with only feedback left cannot give way); 0: every batch runs in a thread"),
     ("OFFRAMP_ACCURACY_LOSS", "0.01", "accuracy constraint: largest allowed loss of agreement with the final model"),
     ("OFFRAMP_RAMP_BUDGET", "0.02", "worst-case latency the active ramps may add (their measured serving cost), as a share of the model's"),
     ("OFFRAMP_ADAPT", "0", "1: `offramp up` also runs the tuner (continual exit adaptation)"),
@@ -145,7 +145,7 @@ def _load() -> Config:
         nats_procs=int(_env("OFFRAMP_NATS_PROCS", "0")),
         ort_spin=_choice("OFFRAMP_ORT_SPIN", "off", ORT_SPIN_SETTINGS),
         feedback_backlog=_non_negative("OFFRAMP_FEEDBACK_BACKLOG", "8"),
-        inline_ms=_non_negative_float("OFFRAMP_INLINE_MS", "2"),
+        inline_ms=_non_negative_float("OFFRAMP_INLINE_MS", "5"),
     )
 
 

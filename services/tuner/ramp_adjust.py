@@ -40,7 +40,12 @@ Choices where §3.3 is vague:
   nearest one that is free and fits: a worst ramp right behind the best one would
   otherwise sit there for good (every input it could answer exits at the best ramp first,
   so its utility never turns negative), and with a budget of two ramps nothing before the
-  best ramp would ever be probed.
+  best ramp would ever be probed. It also passes over sites that no sample of the window
+  would reach (an earlier active ramp answers every one): a ramp moved there shows nothing.
+  When the shifted set does not fit the budget, ramps that no sample reached (utility 0:
+  no exits, no cost paid) are released, latest first, until it does. On a video scene that
+  ramp 4 of EfficientNet answers whole, the §3.3 one-site steps took ramp 9 to 8, 7 and 5,
+  one adjust round each, all behind ramp 4, and nothing earlier was ever tried.
 - an empty active set trials the middle site that fits the budget (nothing else can ever
   bring ramps back).
 """
@@ -281,6 +286,15 @@ def adjust(state: AdjustInput) -> AdjustDecision:
                      deactivated=neg, added=added, candidates=cands)
 
 
+def _reach(rp: Replay, th: Mapping[int, float], n_sites: int) -> np.ndarray:
+    """Per candidate site, the window's samples that would reach it: those no active ramp
+    before it answers under the deployed thresholds (an active site counts its own exits)."""
+    sites = np.append(np.asarray(rp.window.ramp_ids, dtype=np.int64), n_sites)
+    th_arr = np.array([th[s] for s in rp.window.ramp_ids], dtype=np.float64)
+    answered_at = sites[rp.exit_index(th_arr[None])[0]]  # n_sites: the model answered
+    return np.bincount(answered_at, minlength=n_sites + 1)[::-1].cumsum()[::-1][:n_sites]
+
+
 def _probe(state: AdjustInput, rp: Replay, th: dict[int, float],
            utils: list[RampUtility]) -> AdjustDecision:
     """All utilities positive: probe earlier exits at low risk (§3.3, last paragraph)."""
@@ -293,14 +307,27 @@ def _probe(state: AdjustInput, rp: Replay, th: dict[int, float],
         return _decision("add_earlier", [*active, c], th, f"all utilities positive: add site {c} "
                          f"before the best ramp {best.ramp_id}", utils, added=[c])
     s = worst.ramp_id
-    rest = [x for x in active if x != s]
-    to = -1 if worst is best else next(
-        (x for x in range(s - 1, -1, -1)
-         if x not in active and x not in exclude and _fits(prof, [*rest, x], budget)), -1)
-    if to >= 0:
-        new_th = dict(zip(rest, _kept_thresholds(rp, rest, th, state.constraint)))
-        return _decision("shift_earlier", [*rest, to], new_th, "all utilities positive, no "
-                         f"room to add: shift the worst ramp {s} to site {to}", utils,
-                         deactivated=[s], added=[to])
+    if worst is not best:
+        reach = _reach(rp, th, prof.n_sites)
+        rest = [x for x in active if x != s]
+        # ramps no sample reached (every one answered earlier) changed nothing on the window:
+        # released, latest first, when the shifted set would not fit the budget otherwise
+        idle = sorted((x for x in rest if reach[x] == 0), reverse=True)
+        for to in range(s - 1, -1, -1):
+            if to in active or to in exclude or reach[to] == 0:
+                continue  # a site no sample would reach shows nothing
+            kept = list(rest)
+            spare = list(idle)
+            while spare and not _fits(prof, [*kept, to], budget):
+                kept.remove(spare.pop(0))
+            if not _fits(prof, [*kept, to], budget):
+                continue
+            dropped = sorted(set(rest) - set(kept))
+            new_th = dict(zip(sorted(kept), _kept_thresholds(rp, kept, th, state.constraint)))
+            why = f"all utilities positive, no room to add: shift the worst ramp {s} to site {to}"
+            if dropped:
+                why += f", releasing ramps no sample reached {dropped}"
+            return _decision("shift_earlier", [*kept, to], new_th, why, utils,
+                             deactivated=sorted([s, *dropped]), added=[to])
     return _decision("keep", active, th, "all utilities positive; no free earlier site within "
                      "budget", utils)

@@ -236,6 +236,43 @@ def test_a_worst_ramp_behind_the_best_shifts_past_it() -> None:
     assert d.active == (1, 2) and d.thresholds == (0.0, 0.3)
 
 
+def test_a_shift_skips_sites_no_sample_would_reach() -> None:
+    # ramp 4 answers every sample: sites 5-8 lie behind it, so moving ramp 9 (or 6) there
+    # shows nothing; the shift goes to the nearest free site before the best ramp (3)
+    w = block_window((4, 6, 9), {4: range(N), 6: range(N), 9: range(N)})
+    state = AdjustInput(w, profile(late=False), (0.3, 0.3, 0.3), constraint=0.0,
+                        budget=0.6 / 11)
+    d = adjust(state)
+    assert d.action == "shift_earlier" and d.deactivated == (9,) and d.added == (3,)
+    assert d.active == (3, 4, 6) and d.thresholds == (0.0, 0.3, 0.3)
+    assert "released" not in d.reason and "releasing" not in d.reason
+    # when ramp 4 answers half and ramp 6 the rest, sites 7-8 lie behind ramp 6 but site 5
+    # is reached by the samples ramp 6 answers: one step earlier, as in §3.3
+    w = block_window((4, 6, 9), {4: range(50), 6: range(N), 9: range(N)})
+    d = adjust(AdjustInput(w, profile(late=False), (0.3, 0.3, 0.3), constraint=0.0,
+                           budget=0.6 / 11))
+    assert d.action == "shift_earlier" and d.deactivated == (9,) and d.added == (5,)
+
+
+def test_a_shift_releases_ramps_no_sample_reached_to_fit_the_budget() -> None:
+    # ramp 3 answers every sample, so none reaches ramps 4 and 6 (utility 0). Site 2 costs
+    # 0.4 ms: [2, 3, 4] is over a 0.6 ms budget, [2, 3] fits once idle ramp 4 is released
+    p = profile({2: 0.4}, late=False)
+    w = block_window((3, 4, 6), {3: range(N), 4: range(N), 6: range(N)})
+    d = adjust(AdjustInput(w, p, (0.3, 0.3, 0.3), constraint=0.0, budget=0.6 / 11))
+    assert d.action == "shift_earlier" and d.active == (2, 3) and d.added == (2,)
+    assert d.deactivated == (4, 6) and d.thresholds == (0.0, 0.3)
+    assert "releasing ramps no sample reached [4]" in d.reason
+    # a ramp that some sample reached is never released: ramp 4 answers samples 50-99 here
+    w = block_window((3, 4, 6), {3: range(50), 4: range(N), 6: range(N)})
+    d = adjust(AdjustInput(w, p, (0.3, 0.3, 0.3), constraint=0.0, budget=0.6 / 11))
+    assert d.action == "shift_earlier" and d.active == (1, 3, 4) and d.deactivated == (6,)
+    # and nothing earlier is reached when the best ramp sits at site 0: keep
+    w = block_window((0, 4, 6), {0: range(N), 4: range(N), 6: range(N)})
+    d = adjust(AdjustInput(w, p, (0.3, 0.3, 0.3), constraint=0.0, budget=0.6 / 11))
+    assert d.action == "keep" and d.active == (0, 4, 6)
+
+
 def test_over_budget_drops_lowest_utility_ramps() -> None:
     d = adjust(positive_state(budget=0.2 / 11))
     assert d.action == "deactivate_and_trial" and d.deactivated == (5,) and d.active == (2,)

@@ -331,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--scene-frames", metavar="MIN:MAX",
                       help="video models: scene lengths in frames (default 600:1800, a fixed "
                       "camera; 16:120 cuts far more often)")
+    demo.add_argument("--seed", type=int, default=1,
+                      help="which stream: its photos, scene cuts and arrival times (default 1; "
+                      "`offramp bench apparate --seed S` streams the same frames)")
     demo.add_argument("--json", help="write the summary here too")
     demo.set_defaults(fn=cmd_demo)
 

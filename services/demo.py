@@ -61,8 +61,11 @@ def run_demo(args: argparse.Namespace) -> int:
         # typos fail before any waiting
         scenes = None if args.scene_frames is None else parse_scene_frames(args.scene_frames)
         demo_load(args.concurrency, args.arrivals, 1.0)
+        seed = getattr(args, "seed", 1)
+        if seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {seed}")
         if args.arrivals is not None:
-            make_arrivals(args.arrivals, n=1, seed=(1, 0xA7))
+            make_arrivals(args.arrivals, n=1, seed=(seed, 0xA7))
         prepare_state(cfg, say=say)
         from services.models.manifest import Manifest
         from services.tuner.window import LatencyProfile
@@ -73,8 +76,8 @@ def run_demo(args: argparse.Namespace) -> int:
         arrivals, concurrency = demo_load(args.concurrency, args.arrivals,
                                           LatencyProfile.from_manifest(manifest).full_ms)
         arrival_s = (None if arrivals is None
-                     else make_arrivals(arrivals, n=args.requests, seed=(1, 0xA7)))
-        inputs = demo_inputs(cfg, args.model, args.requests, scenes)
+                     else make_arrivals(arrivals, n=args.requests, seed=(seed, 0xA7)))
+        inputs = demo_inputs(cfg, args.model, args.requests, scenes, seed)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -100,7 +103,7 @@ def run_demo(args: argparse.Namespace) -> int:
                       "ramp_serving": manifest.meta.get("ramp_serving", "split")}
     finally:
         sup.stop()
-    summary = {"model": args.model, "requests": args.requests,
+    summary = {"model": args.model, "requests": args.requests, "seed": seed,
                "concurrency": concurrency, "arrivals": arrivals,
                "scene_frames": None if scenes is None else f"{scenes[0]}:{scenes[1]}",
                "vanilla": vanilla, "offramp": adaptive,
@@ -120,20 +123,21 @@ def _takes_images(manifest) -> bool:
     return True
 
 
-def demo_inputs(cfg, model: str, n: int, scenes: tuple[int, int] | None = None
-                ) -> list[dict[str, np.ndarray]]:
+def demo_inputs(cfg, model: str, n: int, scenes: tuple[int, int] | None = None,
+                seed: int = 1) -> list[dict[str, np.ndarray]]:
     """The stream both runs send: the model's sample inputs (video frames for image models),
-    or, with ``scenes`` (min, max frames per scene), video frames with those scene lengths."""
+    or, with ``scenes`` (min, max frames per scene), video frames with those scene lengths;
+    ``seed`` picks the stream (the same frames as ``offramp bench apparate --seed``)."""
     if scenes is None:
         from services.models.zoo import sample_inputs
 
-        batch = sample_inputs(model, n, seed=1)
+        batch = sample_inputs(model, n, seed=seed)
     else:
         from services.models.manifest import Manifest
         from services.models.workloads import iter_video_frames
 
         name, size, dtype = image_input(Manifest.load(cfg.models_dir / model).inputs)
-        frames = [f for f, _ in iter_video_frames(n, seed=1, size=size, min_scene=scenes[0],
+        frames = [f for f, _ in iter_video_frames(n, seed=seed, size=size, min_scene=scenes[0],
                                                   max_scene=scenes[1], dtype=dtype)]
         batch = {name: np.concatenate(frames) if frames else np.zeros([0, 3, size, size], dtype)}
     return [{k: v[i] for k, v in batch.items()} for i in range(n)]

@@ -32,6 +32,19 @@ def test_scene_frames_shape_the_video_stream(models_dir):
     assert step[cuts].min() > 2 * step[~cuts].max()
 
 
+def test_seed_picks_the_bench_stream(models_dir):
+    from services.models.manifest import Manifest
+    from services.sim.trace_cli import workload_chunks
+
+    cfg = SimpleNamespace(models_dir=models_dir)
+    got = np.stack([g["image"] for g in demo_inputs(cfg, "efficientnet-lite0", 40, (16, 30), 2)])
+    chunks, _ = workload_chunks(Manifest.load(models_dir / "efficientnet-lite0"), "video", 40, 2,
+                                "16:30")
+    assert np.array_equal(got, np.concatenate([c["image"] for c in chunks]))
+    other = np.stack([g["image"] for g in demo_inputs(cfg, "efficientnet-lite0", 40, (16, 30))])
+    assert not np.array_equal(got, other)
+
+
 def test_scene_frames_need_an_image_model(models_dir):
     cfg = SimpleNamespace(models_dir=models_dir)
     with pytest.raises(ValueError, match="3 x S x S"):
@@ -55,6 +68,16 @@ def test_bad_arrivals_fail_before_anything_starts(monkeypatch, tmp_path, capsys)
                               scene_frames=None, arrivals="sometimes:3", json=None)
     assert run_demo(args) == 2
     assert "unknown arrival kind" in capsys.readouterr().err
+    assert not (tmp_path / "offramp.db").exists()
+
+
+def test_bad_seed_fails_before_anything_starts(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("OFFRAMP_HOME", str(tmp_path))
+    monkeypatch.setenv("OFFRAMP_MODELS", "tiny")
+    args = argparse.Namespace(model="efficientnet-lite0", requests=4, concurrency=None,
+                              scene_frames=None, arrivals=None, json=None, seed=-1)
+    assert run_demo(args) == 2
+    assert "--seed must be >= 0" in capsys.readouterr().err
     assert not (tmp_path / "offramp.db").exists()
 
 

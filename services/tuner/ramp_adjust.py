@@ -286,13 +286,13 @@ def adjust(state: AdjustInput) -> AdjustDecision:
                      deactivated=neg, added=added, candidates=cands)
 
 
-def _reach(rp: Replay, th: Mapping[int, float], n_sites: int) -> np.ndarray:
-    """Per candidate site, the window's samples that would reach it: those no active ramp
-    before it answers under the deployed thresholds (an active site counts its own exits)."""
-    sites = np.append(np.asarray(rp.window.ramp_ids, dtype=np.int64), n_sites)
-    th_arr = np.array([th[s] for s in rp.window.ramp_ids], dtype=np.float64)
-    answered_at = sites[rp.exit_index(th_arr[None])[0]]  # n_sites: the model answered
-    return np.bincount(answered_at, minlength=n_sites + 1)[::-1].cumsum()[::-1][:n_sites]
+def _reach(utils: list[RampUtility], n: int, n_sites: int) -> np.ndarray:
+    """Per candidate site, the window's samples that would reach it: all ``n`` but those an
+    active ramp before it answers (an active site counts its own exits)."""
+    answered = np.zeros(n_sites + 1, dtype=np.int64)
+    for u in utils:
+        answered[u.ramp_id + 1] += u.exits
+    return n - np.cumsum(answered)[:n_sites]
 
 
 def _probe(state: AdjustInput, rp: Replay, th: dict[int, float],
@@ -308,7 +308,7 @@ def _probe(state: AdjustInput, rp: Replay, th: dict[int, float],
                          f"before the best ramp {best.ramp_id}", utils, added=[c])
     s = worst.ramp_id
     if worst is not best:
-        reach = _reach(rp, th, prof.n_sites)
+        reach = _reach(utils, rp.n_samples, prof.n_sites)
         rest = [x for x in active if x != s]
         # ramps no sample reached (every one answered earlier) changed nothing on the window:
         # released, latest first, when the shifted set would not fit the budget otherwise

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # offramp developer entry point: sets everything up on a fresh machine, then
 #   ./dev.sh demo [args]   runs the demo on the embedded default (offramp demo)
-#   ./dev.sh test [args]   runs the whole test suite (pytest)
+#   ./dev.sh test [args]   lints (ruff) and runs the whole test suite (pytest): tests/unit
+#                          (pure, seconds), tests/integration, tests/e2e; args go to pytest
 #   ./dev.sh setup         only creates .venv, installs, prepares the zoo models
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -37,6 +38,6 @@ cmd="${1:-}"
 case "$cmd" in
   setup) setup ;;
   demo) setup; exec "$VENV/bin/offramp" demo "$@" ;;
-  test) setup; exec "$VENV/bin/python" -m pytest -q "$@" ;;
+  test) setup; "$VENV/bin/ruff" check .; exec "$VENV/bin/python" -m pytest -q "$@" ;;
   *) echo "usage: ./dev.sh demo|test|setup [args]" >&2; exit 2 ;;
 esac

@@ -13,7 +13,7 @@ from alembic import context
 from sqlalchemy import Connection, text
 
 from services.store.db import IMMEDIATE, make_engine
-from services.store.models import Base
+from services.store.tables import Base
 
 # Any constant works; it only has to be the same for every process migrating a database.
 PG_MIGRATION_LOCK = 0x0FF7A3B

@@ -1,8 +1,9 @@
 """Typed wire messages. ``schemas/README.md`` documents each field.
 
-Every message is a msgpack map with ``"v": SCHEMA_VERSION``. ``decode_*`` functions
-validate and raise :class:`ServingError` (``bad_request``) with a message that says
-exactly what is wrong, so a service can turn any bad input into an error reply.
+Every message is a msgpack map with ``"v": SCHEMA_VERSION``. ``decode_*`` functions and
+``decode`` classmethods validate and raise :class:`ServingError` (``bad_request``) with a
+message that says exactly what is wrong, so a service can turn any bad input into an error
+reply. Telemetry and heartbeats are in ``schemas/telemetry.py`` and ``schemas/heartbeat.py``.
 """
 
 from __future__ import annotations
@@ -101,13 +102,6 @@ def encode_error(rid: str | None, code: str, message: str, **extra: Any) -> byte
     return pack({"v": SCHEMA_VERSION, "id": rid, "error": err})
 
 
-def error_from(exc: ServingError, rid: str | None) -> bytes:
-    return encode_error(rid, exc.code, exc.message, **exc.extra)
-
-
-# ---------------------------------------------------------------- internal messages
-
-
 @dataclass(slots=True)
 class Batch:
     """A batch entering a stage: router -> first stage, or stage k -> stage k+1.
@@ -189,11 +183,15 @@ class Results:
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> Results:
-        return cls(batch_id=msg["batch_id"], worker=msg["worker"], stage=int(msg["stage"]),
-                   ids=list(msg["ids"]), labels=msg["labels"], scores=msg["scores"],
-                   exits=msg["exits"], logits=msg.get("logits"), early=bool(msg["early"]),
-                   config_version=int(msg["config_version"]), release=bool(msg.get("release")),
-                   error=msg.get("error"), direct=bool(msg.get("direct")))
+        try:
+            return cls(batch_id=msg["batch_id"], worker=msg["worker"], stage=int(msg["stage"]),
+                       ids=list(msg["ids"]), labels=msg["labels"], scores=msg["scores"],
+                       exits=msg["exits"], logits=msg.get("logits"), early=bool(msg["early"]),
+                       config_version=int(msg["config_version"]),
+                       release=bool(msg.get("release")), error=msg.get("error"),
+                       direct=bool(msg.get("direct")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _bad(f"malformed results: {exc!r}") from None
 
 
 @dataclass(slots=True)
@@ -218,12 +216,12 @@ class ExitConfig:
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> ExitConfig:
-        return cls(model=msg["model"], version=int(msg["version"]), mode=msg.get("mode", "latency"),
-                   thresholds={int(k): float(v) for k, v in (msg.get("thresholds") or {}).items()},
-                   active=[int(r) for r in msg.get("active") or []],
-                   score=msg.get("score", "max_softmax"))
-
-
-def encode_map(**fields: Any) -> bytes:
-    """Encode a free-form internal message (heartbeats, telemetry, status)."""
-    return pack({"v": SCHEMA_VERSION, **fields})
+        try:
+            return cls(model=msg["model"], version=int(msg["version"]),
+                       mode=msg.get("mode", "latency"),
+                       thresholds={int(k): float(v)
+                                   for k, v in (msg.get("thresholds") or {}).items()},
+                       active=[int(r) for r in msg.get("active") or []],
+                       score=msg.get("score", "max_softmax"))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise _bad(f"malformed exit config: {exc!r}") from None

@@ -55,8 +55,3 @@ def telemetry_samples(model: str) -> str:
 def telemetry_requests(model: str) -> str:
     """Per-request outcomes from the router (stored in JetStream)."""
     return f"{PREFIX}.telemetry.requests.{model}"
-
-
-def valid_model_name(name: str) -> bool:
-    """A model name must be one NATS subject token."""
-    return bool(name) and not any(c in name for c in " .*>\t\r\n")

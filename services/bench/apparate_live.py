@@ -26,62 +26,50 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
-import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from services.bench.live_metrics import aggregate, live_series, median_of, policy_docs
+from services.bench.plot import ROLL, draw
+from services.bench.report import machine
+from services.common import config as config_mod
+from services.common.stats import percentile
+from services.exits.latency_profile import LatencyProfile
+from services.launcher.exit_config import set_exit_config
+from services.launcher.supervisor import Deployment, Supervisor, prepare_state
+from services.loadgen.live import adaptive_run, stream_live
+from services.runtime.manifest import Manifest
+from services.sim.replay import run_replay
+from services.sim.trace import Trace, TraceError, record_trace
+from services.sim.workload_inputs import workload_chunks
+from services.store.repository import Store
+from services.tuner.climb_native import best_climb
+from services.tuner.climb_native import engine as climb_engine
+from services.workloads.arrivals import light_load, stream_arrivals
+
 
 def run(args: argparse.Namespace) -> int:
-    from services.bench.apparate import _machine, light_load
-    from services.bench.live_metrics import policy_docs
-    from services.common import config as config_mod
-    from services.common.supervisor import Deployment, Supervisor, prepare_state
-    from services.models.arrivals import make_arrivals
-    from services.models.manifest import Manifest
-    from services.sim.trace import TraceError, record_trace
-    from services.sim.trace_cli import workload_chunks
-
     say = lambda m: print(m, file=sys.stderr, flush=True)
-    if not args.workload:
-        print("error: bench apparate --live needs --workload video|text (and --model M)",
-              file=sys.stderr)
+    bad = _bad_args(args)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
         return 2
-    if args.requests <= 0 or args.repeat <= 0:
-        print("error: --requests and --repeat must be positive", file=sys.stderr)
-        return 2
-    if getattr(args, "plot", None) and Path(args.plot).suffix.lower() != ".svg":
-        import importlib.util
-
-        if importlib.util.find_spec("matplotlib") is None:
-            print(f"error: {Path(args.plot).suffix} plots need matplotlib (not installed): "
-                  "use .svg", file=sys.stderr)
-            return 2
-    os.environ["OFFRAMP_MODELS"] = args.model
-    os.environ["OFFRAMP_RAMP_BUDGET"] = str(args.budget)  # the tuner and initial deployment
+    # the tuner and the initial deployment take the budget, the workers the backlog
+    cfg = replace(config_mod.load(), models=(args.model,), ramp_budget=args.budget)
     if getattr(args, "feedback_backlog", None) is not None:  # checked by apparate.run
-        os.environ["OFFRAMP_FEEDBACK_BACKLOG"] = str(args.feedback_backlog)  # the workers
-    cfg = config_mod.load()
-    n = args.requests
+        cfg = replace(cfg, feedback_backlog=args.feedback_backlog)
     try:
         prepare_state(cfg, say=say)
-        manifest = Manifest.load(cfg.models_dir / args.model)
-        chunks, about = workload_chunks(manifest, args.workload, n, args.seed, args.scene_frames)
-        blocks = list(chunks)
-        spec = args.arrivals or light_load(_full_ms(manifest))
-        arrival_s = make_arrivals(spec, n=n, seed=(args.seed, 0xA7))
-        say(f"recording the stream's trace in process ({n} samples, every ramp active) ...")
-        trace = record_trace(cfg.models_dir / args.model, iter(blocks), arrivals=arrival_s,
-                             total=n, meta={**about, "seed": args.seed, "arrivals": spec},
-                             progress=say)
+        manifest, inputs, trace, arrival_s, spec = _record_stream(cfg, args, say)
     except (ValueError, TraceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    inputs = [{k: v[i] for k, v in b.items()}
-              for b in blocks for i in range(len(next(iter(b.values()))))]
     replay = _replay(trace, arrival_s, args, cfg.feedback_backlog)
     static_t = replay["static"].extra["threshold"]
     ids = [int(i) for i in trace.meta["ramp_ids"]]
@@ -102,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         sup.stop()
     doc = report(runs, trace, replay, args, spec)
     doc["feedback_backlog"] = cfg.feedback_backlog
-    doc["machine"] = _machine()
+    doc["machine"] = machine()
     print(table(doc))
     Path(args.json).write_text(json.dumps(doc, indent=1, default=float) + "\n")
     if getattr(args, "plot", None):
@@ -114,12 +102,40 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(doc[k]["errors"] == 0 for k in ("vanilla", "static", "offramp")) else 1
 
 
+def _bad_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with the live bench's flags, before anything starts."""
+    if not args.workload:
+        return "bench apparate --live needs --workload video|text (and --model M)"
+    if args.requests <= 0 or args.repeat <= 0:
+        return "--requests and --repeat must be positive"
+    if getattr(args, "plot", None) and Path(args.plot).suffix.lower() != ".svg" \
+            and importlib.util.find_spec("matplotlib") is None:
+        return f"{Path(args.plot).suffix} plots need matplotlib (not installed): use .svg"
+    return None
+
+
+def _record_stream(cfg: config_mod.Config, args: argparse.Namespace, say
+                   ) -> tuple[Manifest, list[dict[str, np.ndarray]], Trace, np.ndarray, str]:
+    """The stream's inputs and arrivals, and its trace recorded in process with every ramp
+    active (the replay's input: static's threshold, the oracle, the tuner's timings)."""
+    n = args.requests
+    manifest = Manifest.load(cfg.models_dir / args.model)
+    chunks, about = workload_chunks(manifest, args.workload, n, args.seed, args.scene_frames)
+    blocks = list(chunks)
+    spec = args.arrivals or light_load(_full_ms(manifest))
+    arrival_s = stream_arrivals(spec, n, args.seed)
+    say(f"recording the stream's trace in process ({n} samples, every ramp active) ...")
+    trace = record_trace(cfg.models_dir / args.model, iter(blocks), arrivals=arrival_s,
+                         total=n, meta={**about, "seed": args.seed, "arrivals": spec},
+                         progress=say)
+    inputs = [{k: v[i] for k, v in b.items()}
+              for b in blocks for i in range(len(next(iter(b.values()))))]
+    return manifest, inputs, trace, arrival_s, spec
+
+
 def _plot(outcomes: dict[str, list], deployed: dict[str, Any], trace,
           args: argparse.Namespace) -> Path:
     """The last run's latency, thresholds and active ramps over the stream."""
-    from services.bench.apparate import ROLL, draw
-    from services.bench.live_metrics import live_series
-
     roll, th, active = live_series(outcomes, deployed["configs"], trace.n_sites,
                                    trace.n_samples, ROLL)
     title = "live" if args.repeat == 1 else f"live, the last of {args.repeat} runs"
@@ -127,30 +143,22 @@ def _plot(outcomes: dict[str, list], deployed: dict[str, Any], trace,
 
 
 def _full_ms(manifest) -> float:
-    from services.tuner.window import LatencyProfile
-
     return LatencyProfile.from_manifest(manifest).full_ms
 
 
 def _replay(trace, arrival_s: np.ndarray, args: argparse.Namespace, backlog: int) -> dict:
     """Static's threshold and the tuner's timings, replayed like the workers serve."""
-    from services.sim.replay import run_replay
-
     ctl = {k: v for k, v in (("tune_window", args.tune_window),
                              ("slack_windows", args.slack_windows)) if v is not None}
     return run_replay(trace, arrival_s, constraint=args.constraint, budget=args.budget,
                       grid_rounds=args.grid_rounds, controller=ctl,
                       policies=("static", "offramp"),
-                      feedback_backlog=backlog)
+                      feedback_backlog=backlog, climb=best_climb())
 
 
 def _live_runs(cfg, sup, url: str, model: str, manifest, inputs: list, arrival_s: np.ndarray,
                static_t: float, ids: list[int], say) -> tuple[dict[str, list], dict[str, Any]]:
     """vanilla, static and offramp, one after the other on the running stack."""
-    from services.demo import adaptive_run, stream_live
-    from services.exit_config_cli import set_exit_config
-    from services.store.repository import Store
-
     def run(label: str) -> list:
         return asyncio.run(stream_live(cfg, url, model, inputs, arrival_s, label))[1]
 
@@ -178,10 +186,6 @@ def _live_runs(cfg, sup, url: str, model: str, manifest, inputs: list, arrival_s
 def report(runs: list[dict[str, dict[str, Any]]], trace, replay: dict,
            args: argparse.Namespace, arrivals: str) -> dict[str, Any]:
     """The JSON document (see the module docstring for what is live and what is not)."""
-    from services.bench.apparate import _pct
-    from services.bench.live_metrics import aggregate
-    from services.tuner.climb_native import engine as climb_engine
-
     doc: dict[str, Any] = {
         "mode": "live", "model": args.model, "workload": trace.meta.get("workload"),
         "scene_frames": trace.meta.get("scene_frames"), "requests": trace.n_samples,
@@ -197,7 +201,7 @@ def report(runs: list[dict[str, dict[str, Any]]], trace, replay: dict,
     off = replay["offramp"]
     wall = off.extra["wall_ms"]
     doc.update({
-        "tuning_ms_p50": _pct(wall["tune"], 50), "adjust_ms_p50": _pct(wall["adjust"], 50),
+        "tuning_ms_p50": percentile(wall["tune"], 50), "adjust_ms_p50": percentile(wall["adjust"], 50),
         "climb": climb_engine(),
         "grid_gap": off.extra.get("grid", {}).get("grid_gap"),
         "timing_passes": off.extra.get("timing_passes", 1),
@@ -210,33 +214,29 @@ def report(runs: list[dict[str, dict[str, Any]]], trace, replay: dict,
     return doc
 
 
-def table(doc: dict[str, Any]) -> str:
-    from services.bench.live_metrics import median_of
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
-    def ms(x: float | None) -> str:
-        return "-" if x is None else f"{x:.2f}"
 
-    def pct(x: float | None) -> str:
-        return "-" if x is None else f"{100 * x:.2f}%"
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
 
-    def change(xs: list) -> str:
-        m = median_of(xs)
-        return "" if m is None else f"{100 * m:+.1f}%"
 
-    scenes = f", scenes {doc['scene_frames']}" if doc.get("scene_frames") else ""
-    head = (f"offramp bench apparate --live: {doc['model']}, {doc['requests']} "
-            f"{doc['workload']} samples{scenes}, arrivals {doc['arrivals']} (live, open loop; "
-            f"budget {doc['budget']:.0%}, constraint {doc['constraint']:.0%}, feedback backlog "
-            f"{doc.get('feedback_backlog', 0)}; {doc['aggregate']})")
-    cols = (f"  {'policy':<9} {'p25 ms':>8} {'p50 ms':>8} {'p95 ms':>8} {'p50 vs van':>10} "
-            f"{'p95 vs van':>10} {'agreement':>9} {'worst 16':>9} {'exits':>7}")
-    lines = [head, cols]
+def _change(xs: list) -> str:
+    m = median_of(xs)
+    return "" if m is None else f"{100 * m:+.1f}%"
+
+
+def _latency_rows(doc: dict[str, Any]) -> list[str]:
+    """End-to-end latency per policy, then the router's serving latency of the same requests."""
+    lines = [(f"  {'policy':<9} {'p25 ms':>8} {'p50 ms':>8} {'p95 ms':>8} {'p50 vs van':>10} "
+              f"{'p95 vs van':>10} {'agreement':>9} {'worst 16':>9} {'exits':>7}")]
     for name in ("vanilla", "static", "offramp", "oracle"):
         r = doc[name]
-        lines.append(f"  {name:<9} {ms(r['p25_ms']):>8} {ms(r['p50_ms']):>8} {ms(r['p95_ms']):>8} "
-                     f"{change(r['p50_change_by_run']):>10} "
-                     f"{change(r['p95_change_by_run']):>10} {pct(r['agreement']):>9} "
-                     f"{pct(r.get('worst_window_agreement')):>9} {pct(r.get('exit_rate')):>7}")
+        lines.append(f"  {name:<9} {_ms(r['p25_ms']):>8} {_ms(r['p50_ms']):>8} "
+                     f"{_ms(r['p95_ms']):>8} {_change(r['p50_change_by_run']):>10} "
+                     f"{_change(r['p95_change_by_run']):>10} {_pct(r['agreement']):>9} "
+                     f"{_pct(r.get('worst_window_agreement')):>9} {_pct(r.get('exit_rate')):>7}")
     lines.append("  serving latency (the router's record of each request: from receiving it "
                  "to learning its answer, queueing included; the client's two hops excluded)")
     lines.append(f"  {'policy':<9} {'p25 ms':>8} {'p50 ms':>8} {'p95 ms':>8} {'p50 vs van':>10} "
@@ -244,11 +244,17 @@ def table(doc: dict[str, Any]) -> str:
     for name in ("vanilla", "static", "offramp", "oracle"):
         r = doc[name]
         known = r.get("serving_known")
-        lines.append(f"  {name:<9} {ms(r.get('serving_p25_ms')):>8} "
-                     f"{ms(r.get('serving_p50_ms')):>8} {ms(r.get('serving_p95_ms')):>8} "
-                     f"{change(r.get('serving_p50_change_by_run', [])):>10} "
-                     f"{change(r.get('serving_p95_change_by_run', [])):>10} "
+        lines.append(f"  {name:<9} {_ms(r.get('serving_p25_ms')):>8} "
+                     f"{_ms(r.get('serving_p50_ms')):>8} {_ms(r.get('serving_p95_ms')):>8} "
+                     f"{_change(r.get('serving_p50_change_by_run', [])):>10} "
+                     f"{_change(r.get('serving_p95_change_by_run', [])):>10} "
                      f"{'-' if known is None else known:>9}")
+    return lines
+
+
+def _offramp_rows(doc: dict[str, Any]) -> list[str]:
+    """Run-by-run changes, what the loop deployed, where its answers came from, its timings."""
+    lines = []
     if doc["repeats"] > 1:
         for name in ("static", "offramp", "oracle"):
             per = ", ".join(f"{100 * a:+.1f}/{100 * b:+.1f}%" for a, b in zip(
@@ -264,12 +270,21 @@ def table(doc: dict[str, Any]) -> str:
     if o.get("by_exit"):
         lines.append("  offramp answers by where they came from (last run; n, p50 / p75 ms end to "
                      "end, served): " + "; ".join(
-                         f"{'ramp ' + k if k != 'final' else k} {g['n']}, {ms(g['p50_ms'])} / "
-                         f"{ms(g['p75_ms'])}, {ms(g['serving_p50_ms'])} / "
-                         f"{ms(g['serving_p75_ms'])}" for k, g in o["by_exit"].items()))
+                         f"{'ramp ' + k if k != 'final' else k} {g['n']}, {_ms(g['p50_ms'])} / "
+                         f"{_ms(g['p75_ms'])}, {_ms(g['serving_p50_ms'])} / "
+                         f"{_ms(g['serving_p75_ms'])}" for k, g in o["by_exit"].items()))
     lines.append(f"  oracle: {doc['oracle']['source']}")
-    lines.append(f"  tuning p50 {ms(doc['tuning_ms_p50'])} ms, ramp adjustment p50 "
-                 f"{ms(doc['adjust_ms_p50'])} ms ({doc.get('climb', 'python')} climb), grid gap "
+    lines.append(f"  tuning p50 {_ms(doc['tuning_ms_p50'])} ms, ramp adjustment p50 "
+                 f"{_ms(doc['adjust_ms_p50'])} ms ({doc.get('climb', 'python')} climb), grid gap "
                  + ("-" if doc["grid_gap"] is None else f"{100 * doc['grid_gap']:+.1f}%")
                  + f" ({doc['tuning_source']})")
-    return "\n".join(lines)
+    return lines
+
+
+def table(doc: dict[str, Any]) -> str:
+    scenes = f", scenes {doc['scene_frames']}" if doc.get("scene_frames") else ""
+    head = (f"offramp bench apparate --live: {doc['model']}, {doc['requests']} "
+            f"{doc['workload']} samples{scenes}, arrivals {doc['arrivals']} (live, open loop; "
+            f"budget {doc['budget']:.0%}, constraint {doc['constraint']:.0%}, feedback backlog "
+            f"{doc.get('feedback_backlog', 0)}; {doc['aggregate']})")
+    return "\n".join([head, *_latency_rows(doc), *_offramp_rows(doc)])

@@ -11,7 +11,7 @@ import sys
 
 from services.common import bus
 from services.common.hotpath import publish_now, subscribe_direct
-from services.common.runtime import run_service
+from services.common.service_loop import run_service
 
 RELAY = "offramp.bench.relay"
 ECHO = "offramp.bench.echo"

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from services.bench.apparate import _pct
-from services.common.load import Outcome
+from services.common.stats import percentile
+from services.loadgen.drive import Outcome
 from services.sim.replay import window_agreements
 
 
@@ -59,13 +59,13 @@ def by_exit(ok: Sequence[Outcome]) -> dict[str, dict[str, Any]]:
         g = groups[key]
         lat = np.array([o.latency_ms for o in g], np.float64)
         srv = np.array([o.serving_ms for o in g if o.serving_ms is not None], np.float64)
-        out[key] = {"n": len(g), "p50_ms": _pct(lat, 50), "p75_ms": _pct(lat, 75),
-                    "serving_p50_ms": _pct(srv, 50), "serving_p75_ms": _pct(srv, 75)}
+        out[key] = {"n": len(g), "p50_ms": percentile(lat, 50), "p75_ms": percentile(lat, 75),
+                    "serving_p50_ms": percentile(srv, 50), "serving_p75_ms": percentile(srv, 75)}
     return out
 
 
 def _percentiles(ms: np.ndarray, prefix: str) -> dict[str, float | None]:
-    return {f"{prefix}p{q}_ms": _pct(ms, q) for q in (25, 50, 95)}
+    return {f"{prefix}p{q}_ms": percentile(ms, q) for q in (25, 50, 95)}
 
 
 def labels_by_index(outcomes: Sequence[Outcome], n: int) -> np.ndarray:

@@ -24,20 +24,22 @@ import numpy as np
 import uvloop
 
 from schemas.codec import pack
+from services.bench.echo import RELAY
 from services.common import bus
 from services.common import config as config_mod
 from services.common.client import infer
 from services.common.hotpath import requester
-from services.common.load import drive, percentile
-from services.common.supervisor import Deployment, Supervisor, prepare_state
+from services.common.stats import percentile
+from services.exits.initial import initial_config, initial_ramps
+from services.launcher.supervisor import Deployment, Supervisor, prepare_state
+from services.loadgen.drive import drive
+from services.runtime.manifest import Manifest
+from services.runtime.stage import StageRuntime, spin_for
+from services.worker.stage_exec import execute
+from services.zoo.registry import sample_inputs
 
 
 def _inprocess(cfg, model: str):
-    from services.models.manifest import Manifest
-    from services.models.runtime import StageRuntime, spin_for
-    from services.worker.exits import initial_config, initial_ramps
-    from services.worker.stage_exec import execute
-
     manifest = Manifest.load(cfg.models_dir / model)
     runtime = StageRuntime(cfg.models_dir / model, manifest, 0, len(manifest.blocks),
                            device=cfg.device, threads=cfg.ort_threads,
@@ -58,9 +60,6 @@ async def _light_load(nc, cfg, model: str, requests: int) -> dict:
     """Alternate, one at a time on the same inputs: an in-process run, a request through
     the pipeline, and the same request through the bare transport path (relay + echo, see
     ``services.bench.echo``), so the overhead can be split into transport and the rest."""
-    from services.bench.echo import RELAY
-    from services.models.zoo import sample_inputs
-
     run_local = _inprocess(cfg, model)
     floor_path = await requester(nc)  # the request path offramp's client uses
     batch = sample_inputs(model, min(requests, 64), seed=3)
@@ -105,8 +104,6 @@ def _start_floor(url: str, reply_bytes: int) -> list[subprocess.Popen]:
 
 
 async def _measure(cfg, url: str, args: argparse.Namespace) -> dict:
-    from services.models.zoo import sample_inputs
-
     nc = await bus.connect(url, "offramp-bench")
     light = {m: await _light_load(nc, cfg, m, args.requests)
              for m in dict.fromkeys([args.model, args.trivial_model])}
@@ -138,8 +135,8 @@ async def _measure(cfg, url: str, args: argparse.Namespace) -> dict:
 
 
 def run_overhead(args: argparse.Namespace) -> int:
-    os.environ["OFFRAMP_MODELS"] = ",".join(dict.fromkeys([args.model, args.trivial_model]))
-    cfg = config_mod.load()
+    cfg = replace(config_mod.load(),
+                  models=tuple(dict.fromkeys([args.model, args.trivial_model])))
     prepare_state(cfg, say=lambda m: print(m, file=sys.stderr))
     sup = Supervisor(cfg, Deployment(cfg.models), log_dir=cfg.home / "logs")
     cfg = replace(cfg, ort_spin=sup.ort_spin())  # the in-process runs spin as the workers do

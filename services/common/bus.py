@@ -53,7 +53,7 @@ async def connect(url: str, name: str, connect_timeout: float = 10.0) -> Client:
             )
             holder.append(nc)
             return nc
-        except Exception as exc:  # noqa: BLE001 - first connect: retry until the deadline
+        except Exception as exc:
             if asyncio.get_running_loop().time() > deadline:
                 raise RuntimeError(f"cannot reach NATS at {url}: {exc}") from exc
             await asyncio.sleep(0.2)

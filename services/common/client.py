@@ -11,7 +11,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from schemas import subjects
+from schemas import errors, subjects
 from schemas.codec import SCHEMA_VERSION, pack, unpack
 from services.common.hotpath import requester
 
@@ -34,7 +34,7 @@ async def infer(nc: Client, model: str, inputs: dict[str, np.ndarray], slo_ms: f
     reply = await request_raw(nc, subjects.infer(model), pack(msg), timeout)
     if "error" in reply:
         err = reply["error"] or {}
-        raise InferError(err.get("code", "internal"), err.get("message", ""), reply)
+        raise InferError(err.get("code", errors.INTERNAL), err.get("message", ""), reply)
     return reply
 
 

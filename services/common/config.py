@@ -7,7 +7,7 @@ environment, so the README's configuration table and this file stay in step.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -41,7 +41,7 @@ class Config:
     ort_spin: str = "off"
     feedback_backlog: int = 8
     inline_ms: float = 5.0
-    extra: dict[str, str] = field(default_factory=dict)
+    tuner_native: bool = True
 
     def as_env(self) -> dict[str, str]:
         """The environment a child service needs to see this same configuration."""
@@ -68,6 +68,7 @@ class Config:
             "OFFRAMP_ORT_SPIN": self.ort_spin,
             "OFFRAMP_FEEDBACK_BACKLOG": str(self.feedback_backlog),
             "OFFRAMP_INLINE_MS": str(self.inline_ms),
+            "OFFRAMP_TUNER_NATIVE": "1" if self.tuner_native else "0",
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
@@ -103,7 +104,7 @@ DOCUMENTED = [
 ]
 
 
-ORT_SPIN_SETTINGS = ("auto", "on", "off")  # see services.models.runtime.spin_for
+ORT_SPIN_SETTINGS = ("auto", "on", "off")  # see services.runtime.stage.spin_for
 
 
 class ConfigError(ValueError):
@@ -146,6 +147,7 @@ def _load() -> Config:
         ort_spin=_choice("OFFRAMP_ORT_SPIN", "off", ORT_SPIN_SETTINGS),
         feedback_backlog=_non_negative("OFFRAMP_FEEDBACK_BACKLOG", "8"),
         inline_ms=_non_negative_float("OFFRAMP_INLINE_MS", "5"),
+        tuner_native=_env("OFFRAMP_TUNER_NATIVE", "1") != "0",
     )
 
 
@@ -172,7 +174,3 @@ def _non_negative_float(name: str, default: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise ConfigError(f"{name}={value}: must be a finite number >= 0")
     return value
-
-
-def field_names() -> list[str]:
-    return [f.name for f in fields(Config)]

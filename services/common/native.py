@@ -16,13 +16,13 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from services.common.config import load as load_config
+
 COMPILERS = ("cc", "gcc", "clang")
 
 
 def native_dir() -> Path:
     """Where built libraries are cached: ``$OFFRAMP_HOME/native``."""
-    from services.common.config import load as load_config
-
     return load_config().home / "native"
 
 

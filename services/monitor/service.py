@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -18,17 +17,15 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from schemas import subjects
 from schemas.codec import pack
 from schemas.messages import decode_map
+from schemas.telemetry import RequestTelemetry, SampleTelemetry
 from services.common import bus, logs
 from services.common.config import Config
-from services.monitor.windows import SampleBatch, Window, WindowTracker
+from services.monitor.profile_windows import ProfileWindow, SampleBatch, WindowTracker, utc_datetime
+from services.store.repository import Store
 
 FETCH_BATCH = 256
 IDLE_FLUSH_S = 2.0      # close partial windows when telemetry stops
 ACK_WAIT_S = 60.0
-
-
-def _utc(t: float) -> datetime:
-    return datetime.fromtimestamp(t, tz=timezone.utc).replace(tzinfo=None)
 
 
 class Monitor:
@@ -44,29 +41,31 @@ class Monitor:
 
     async def handle(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
+        requests = msg.subject.startswith(subjects.telemetry_requests(""))
         try:
             data = decode_map(msg.data)
+            telemetry = RequestTelemetry.decode(data) if requests else SampleTelemetry.decode(data)
         except Exception as exc:  # noqa: BLE001 - poison message: log and drop it from the stream
             self.log.error("undecodable telemetry seq=%s: %r", seq, exc)
             await msg.ack()
             return
-        if msg.subject.startswith(subjects.telemetry_requests("")):
-            await self._store_requests(msg, data, seq)
+        if requests:
+            await self._store_requests(msg, telemetry, seq)
         else:
-            await self._add_samples(msg, data, seq)
+            await self._add_samples(msg, telemetry, seq)
 
-    async def _store_requests(self, msg: Msg, data: dict, seq: int) -> None:
-        rows = [{"request_id": r.get("id") or "", "model": data["model"], "received_at": _utc(r["t"]),
-                 "latency_ms": r.get("latency_ms"), "status": r.get("status", "ok"),
-                 "exit": r.get("exit"), "early": r.get("early"), "label": r.get("label"),
-                 "config_version": r.get("config_version")} for r in data.get("records", [])]
+    async def _store_requests(self, msg: Msg, telemetry: RequestTelemetry, seq: int) -> None:
+        rows = [{"request_id": r.id or "", "model": telemetry.model, "received_at": utc_datetime(r.t),
+                 "latency_ms": r.latency_ms, "status": r.status, "exit": r.exit,
+                 "early": r.early, "label": r.label, "config_version": r.config_version}
+                for r in telemetry.records]
         await asyncio.to_thread(self.store.add_requests, rows, f"req:{seq}")
         self.requests_stored += len(rows)
         await msg.ack()
 
-    async def _add_samples(self, msg: Msg, data: dict, seq: int) -> None:
+    async def _add_samples(self, msg: Msg, telemetry: SampleTelemetry, seq: int) -> None:
         self.last_sample = time.monotonic()
-        batch = SampleBatch.from_message(str(seq), data)
+        batch = SampleBatch.of(str(seq), telemetry)
         closed = self.windows.add(batch)
         # The message belongs to the window still open after add, or else to the last one it closed.
         win = self.windows.open.get(batch.model) or closed[-1]
@@ -74,7 +73,7 @@ class Monitor:
         for w in closed:
             await self._commit(w)
 
-    async def _commit(self, win: Window) -> None:
+    async def _commit(self, win: ProfileWindow) -> None:
         key = f"win:{win.model}:{win.first_key}"
         await asyncio.to_thread(self.store.add_exit_profiles, win.rows(), key)
         self.windows_stored += 1
@@ -97,8 +96,6 @@ class Monitor:
 
 
 async def serve(cfg: Config, stop: asyncio.Event) -> None:
-    from services.store.repository import Store
-
     log = logs.setup("monitor", cfg.log_level)
     store = Store(cfg.database_url)
     nc = await bus.connect(cfg.nats_url or "nats://127.0.0.1:4222", "offramp-monitor")
@@ -115,7 +112,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
             msgs = await psub.fetch(FETCH_BATCH, timeout=0.5)
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             msgs = []
         except Exception as exc:  # noqa: BLE001 - e.g. while reconnecting
             log.warning("fetch failed: %r", exc)
@@ -124,11 +121,11 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
         for m in msgs:
             try:
                 await monitor.handle(m)
-            except Exception:  # noqa: BLE001 - store hiccup: leave unacked, it is redelivered
+            except Exception:
                 log.exception("telemetry not stored (will be redelivered)")
         try:
             await monitor.idle_flush()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("idle flush failed")
     # Partial windows stay unacked: the next monitor rebuilds them from the stream.
     await bus.close(nc)

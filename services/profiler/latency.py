@@ -7,18 +7,15 @@ No store or bus I/O here; :mod:`services.profiler.service` persists the rows.
 
 from __future__ import annotations
 
-import os
-import statistics
-import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from services.models.manifest import Manifest
-from services.models.runtime import CUDA, StageRuntime, gpu_present, pick_providers
+from services.runtime.manifest import Manifest
+from services.runtime.stage import StageRuntime
+from services.runtime.timing import median_ms
 
 BATCH_SIZES = (1, 4, 16)
 RUNS = 15  # timed runs per (part, batch size); the median resists a busy machine
@@ -26,48 +23,6 @@ MIN_RUNS = 5  # ... but slow parts stop after this many once BUDGET_S is spent
 BUDGET_S = 2.0  # so a large model at batch 16 does not hold the profiler for minutes
 WARMUP = 3  # untimed runs first: allocations, kernel selection, caches
 VAR_LEN = 128  # length used for a variable (-1) input axis, e.g. a sequence
-
-
-class Cancelled(Exception):
-    """Raised by :func:`measure` when ``should_stop`` says so (a service shutting down)."""
-
-
-def device_class(device: str = "auto", providers: list[str] | None = None) -> str:
-    """Profiles are only comparable on like hardware: "cpu-<cores>c", or the GPU's name
-    when ONNX Runtime runs on CUDA (``providers``: those a session really got, else the
-    ones ``device`` asks for)."""
-    providers = pick_providers(device) if providers is None else providers
-    if providers and providers[0] == CUDA and gpu_present():
-        return _gpu_name() or "cuda"
-    return f"cpu-{_cores()}c"
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # what this process may use (containers, taskset)
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def _gpu_name() -> str | None:
-    """Name of the first NVIDIA GPU, without importing torch or CUDA libraries."""
-    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
-        for line in info.read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "Model" and value.strip():
-                return value.strip()
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    names = [n.strip() for n in out.splitlines() if n.strip()]
-    return names[0] if names else None
 
 
 def synthetic_inputs(manifest: Manifest, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -83,31 +38,6 @@ def synthetic_inputs(manifest: Manifest, batch: int, seed: int = 0) -> dict[str,
         else:
             out[t.name] = np.ones(shape, dtype=dtype)
     return out
-
-
-def _median_ms(
-    fn: Callable[[], object],
-    runs: int,
-    warmup: int,
-    budget_s: float,
-    should_stop: Callable[[], bool],
-) -> tuple[float, int]:
-    """(median ms, timed runs): up to `runs`, fewer (but >= MIN_RUNS) past `budget_s`."""
-    start = time.perf_counter()
-    for _ in range(warmup):
-        if should_stop():
-            raise Cancelled("profiling stopped")
-        fn()
-    times: list[float] = []
-    while len(times) < runs:
-        if should_stop():
-            raise Cancelled("profiling stopped")
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-        if len(times) >= MIN_RUNS and time.perf_counter() - start > budget_s:
-            break
-    return round(statistics.median(times), 4), len(times)
 
 
 def measure(
@@ -137,7 +67,7 @@ def measure(
     rows: list[dict[str, Any]] = []
 
     def timed(kind: str, idx: int, b: int, fn: Callable[[], object]) -> None:
-        ms, done = _median_ms(fn, runs, warmup, budget_s, stop)
+        ms, done = median_ms(fn, runs, warmup, budget_s, MIN_RUNS, stop)
         rows.append({"kind": kind, "idx": idx, "batch_size": b, "ms": ms, "runs": done})
 
     for b in sorted(set(batch_sizes)):

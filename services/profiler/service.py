@@ -17,8 +17,11 @@ from typing import Any
 
 from services.common import logs
 from services.common.config import Config
-from services.models.manifest import Manifest
-from services.profiler.latency import BATCH_SIZES, Cancelled, device_class, from_manifest, measure
+from services.profiler.latency import BATCH_SIZES, from_manifest, measure
+from services.runtime.devices import device_class
+from services.runtime.manifest import Manifest
+from services.runtime.timing import Cancelled
+from services.store.repository import Store
 
 POLL_S = 30.0
 FAILED_RETRY_S = 600.0  # a model that failed to profile is tried again after this
@@ -130,8 +133,6 @@ class Profiler:
 
 async def serve_profiler(cfg: Config, stop: asyncio.Event, poll_s: float = POLL_S) -> None:
     """The service: ``run_service(lambda stop: serve_profiler(cfg, stop))``."""
-    from services.store.repository import Store
-
     log = logs.setup("profiler", cfg.log_level)
     store = Store(cfg.database_url)
     profiler = Profiler(cfg, store, log)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -21,7 +21,6 @@ class Pending:
     replied: bool = False
     attempts: int = 0
     received_wall: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class QueueFull(Exception):

@@ -9,7 +9,7 @@ import numpy as np
 from schemas import errors
 from schemas.errors import ServingError
 from services.common.config import Config
-from services.models.manifest import Manifest
+from services.runtime.manifest import Manifest
 
 
 @dataclass(frozen=True)

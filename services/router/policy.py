@@ -1,6 +1,6 @@
 """Batching policies: given the state of a model's queue, how many requests to dispatch now.
 
-A policy is pure: it sees a :class:`QueueView` and returns a :class:`Decision`. The
+A policy is pure: it sees a :class:`QueueView` and returns a :class:`BatchDecision`. The
 router calls it whenever a first-stage worker has credit. SlackFit (SuperServe) plugs
 in through the same interface.
 """
@@ -16,20 +16,18 @@ class QueueView:
     size: int                # requests waiting
     oldest_wait_ms: float    # how long the oldest has waited
     min_slack_ms: float      # time left before the earliest deadline, minus the service estimate
-    service_ms: float        # estimated time to serve one batch
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class BatchDecision:
     batch_size: int          # 0 = wait
     wait_ms: float = 0.0     # when waiting: re-ask after this long
-    variant: str = "default"
 
 
 class Policy(Protocol):
     name: str
 
-    def decide(self, view: QueueView) -> Decision: ...
+    def decide(self, view: QueueView) -> BatchDecision: ...
 
 
 @dataclass(frozen=True)
@@ -41,15 +39,15 @@ class FixedBatchPolicy:
     timeout_ms: float = 0.0
     name: str = "fixed"
 
-    def decide(self, view: QueueView) -> Decision:
+    def decide(self, view: QueueView) -> BatchDecision:
         if view.size <= 0:
-            return Decision(0)
+            return BatchDecision(0)
         if view.size >= self.max_batch:
-            return Decision(self.max_batch)
+            return BatchDecision(self.max_batch)
         remaining = self.timeout_ms - view.oldest_wait_ms
         if remaining <= 0 or view.min_slack_ms <= remaining:
-            return Decision(view.size)
-        return Decision(0, wait_ms=remaining)
+            return BatchDecision(view.size)
+        return BatchDecision(0, wait_ms=remaining)
 
 
 POLICIES = {"fixed": FixedBatchPolicy}

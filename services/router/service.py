@@ -17,47 +17,49 @@ from dataclasses import dataclass, field
 import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import MaxPayloadError
 
 from schemas import errors, subjects
 from schemas.codec import pack
 from schemas.errors import ServingError
+from schemas.heartbeat import Heartbeat
 from schemas.messages import (
     Batch,
     Results,
     decode_infer_request,
     decode_map,
     encode_error,
-    encode_map,
     encode_reply,
     request_id_of,
 )
+from schemas.telemetry import OK, RequestRecord, RequestTelemetry
 from services.common import bus, logs
 from services.common.config import Config
 from services.common.hotpath import publish_now, subscribe_direct
-from services.common.runtime import spawn
+from services.common.service_loop import spawn
+from services.router import admission
 from services.router.edf_queue import EDFQueue, Pending, QueueFull
 from services.router.model_specs import ModelSpec, load_specs
-from services.router.policy import Policy, QueueView, make_policy
+from services.router.policy import Policy, make_policy
 from services.router.workers import Inflight, WorkerRegistry
 
 SWEEP_S = 0.05
-NO_WORKER_GRACE_S = 2.0      # a model with no live worker this long answers no_workers
-MAX_ATTEMPTS = 3             # dispatches of one request before giving up after worker losses
 RECORD_FLUSH_S = 0.25
+DISPATCH_RETRY_S = 0.05      # after a dispatch pass failed unexpectedly
 
 
 @dataclass
 class ModelState:
     spec: ModelSpec
     queue: EDFQueue
+    service_ms: float                         # estimate of dispatch -> release per batch
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    service_ms: float = 50.0                  # EWMA of dispatch -> release per batch
     no_worker_since: float | None = None
     latencies: deque = field(default_factory=lambda: deque(maxlen=2000))
     served: int = 0
     failed: int = 0
     early: int = 0
-    records: list = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
     dispatching: bool = False                 # a dispatch pass is running (at most one)
 
 
@@ -69,10 +71,10 @@ class Router:
         self.log = log
         self.id = f"router-{uuid.uuid4().hex[:8]}"
         self.policy = policy
-        self.models = {name: ModelState(spec, EDFQueue(cfg.queue_limit)) for name, spec in specs.items()}
-        for st in self.models.values():
-            st.service_ms = max(5.0, 2.0 * st.spec.full_ms)
-        self.registry = WorkerRegistry(timeout_s=3 * cfg.heartbeat_ms / 1000.0)
+        self.models = {name: ModelState(spec, EDFQueue(cfg.queue_limit),
+                                        admission.initial_service_ms(spec.full_ms))
+                       for name, spec in specs.items()}
+        self.registry = WorkerRegistry(timeout_s=admission.worker_timeout_s(cfg.heartbeat_ms))
         self.pending: dict[str, Pending] = {}
         self.tasks: set[asyncio.Task] = set()
         self.started = time.monotonic()
@@ -97,18 +99,20 @@ class Router:
                 raise ServingError(errors.BAD_REQUEST, "request has no reply subject: use request-reply")
             if req.id in self.pending:
                 raise ServingError(errors.BAD_REQUEST, f"request id {req.id!r} is already in flight")
-            if not self.registry.has_stage0(subject_model) and now - self.started > NO_WORKER_GRACE_S:
+            if admission.refuse_for_no_workers(self.registry.has_stage0(subject_model), now,
+                                               self.started):
                 raise ServingError(errors.NO_WORKERS, f"no live worker serves {subject_model!r}")
-            slo = req.slo_ms if req.slo_ms is not None else self.cfg.default_slo_ms
+            deadline = admission.request_deadline(now, req.slo_ms, self.cfg.default_slo_ms)
             entry = Pending(id=req.id, model=subject_model, reply=msg.reply, inputs=req.inputs,
-                            arrival=now, deadline=now + slo / 1000.0, received_wall=time.time())
+                            arrival=now, deadline=deadline, received_wall=time.time())
             try:
                 state.queue.push(entry)
             except QueueFull:
-                retry = max(1.0, state.service_ms * len(state.queue) / max(1, self.policy_batch()))
+                retry = admission.retry_after_ms(state.service_ms, len(state.queue),
+                                                 self.policy_batch())
                 raise ServingError(errors.OVERLOADED,
                                    f"queue for {subject_model!r} is full ({state.queue.limit} waiting)",
-                                   retry_after_ms=round(retry, 1)) from None
+                                   retry_after_ms=retry) from None
             self.pending[req.id] = entry
             self.kick(subject_model, state)
         except ServingError as exc:
@@ -141,9 +145,8 @@ class Router:
                       code: str) -> None:
         state = self.models[model]
         state.failed += 1
-        state.records.append({"id": rid, "t": received_wall,
-                              "latency_ms": (time.monotonic() - start) * 1e3, "status": code,
-                              "exit": None, "early": None, "label": None, "config_version": None})
+        state.records.append(RequestRecord(rid, received_wall,
+                                           (time.monotonic() - start) * 1e3, code))
 
     # ------------------------------------------------------------------ replies
 
@@ -163,8 +166,7 @@ class Router:
             return
         now = time.monotonic()
         if res.error:
-            code = res.error.get("code")
-            code = code if code in errors.CODES else errors.INTERNAL
+            code = admission.client_error_code(res.error.get("code"))
             for rid in res.ids:
                 entry = self.pending.get(rid)
                 if entry is not None:
@@ -187,15 +189,14 @@ class Router:
                 state.served += 1
                 state.early += int(res.early)
                 state.latencies.append(latency)
-                state.records.append({"id": rid, "t": entry.received_wall, "latency_ms": latency,
-                                      "status": "ok", "exit": exit_, "early": res.early,
-                                      "label": label, "config_version": res.config_version})
+                state.records.append(RequestRecord(rid, entry.received_wall, latency, OK, exit_,
+                                                   res.early, label, res.config_version))
         if res.release:
             inflight = self.registry.release(res.worker, res.batch_id)
             if inflight is not None:
                 state = self.models[inflight.model]
                 elapsed = (now - inflight.dispatched) * 1e3
-                state.service_ms = 0.8 * state.service_ms + 0.2 * elapsed
+                state.service_ms = admission.updated_service_ms(state.service_ms, elapsed)
                 self.kick(inflight.model, state)
 
     # ------------------------------------------------------------------ dispatch
@@ -215,7 +216,7 @@ class Router:
             return self._dispatch_ready(model, state)
         except Exception:
             self.log.exception("dispatch failed model=%s", model)
-            return 0.05
+            return DISPATCH_RETRY_S
         finally:
             state.dispatching = False
 
@@ -239,34 +240,19 @@ class Router:
             if worker is None:
                 return None  # woken again by a heartbeat or a released credit
             now = time.monotonic()
-            head = state.queue.peek()
-            oldest = state.queue.oldest_arrival() or now
-            view = QueueView(size=len(state.queue), oldest_wait_ms=(now - oldest) * 1e3,
-                             min_slack_ms=(head.deadline - now) * 1e3 - state.service_ms,
-                             service_ms=state.service_ms)
-            decision = self.policy.decide(view)
+            decision = self.policy.decide(admission.queue_view(state.queue, now, state.service_ms))
             if decision.batch_size <= 0:
-                return max(decision.wait_ms, 0.1) / 1000.0
-            batch: list[Pending] = []
-            for entry in state.queue.pop(self._payload_cap(decision.batch_size, head)):
-                if entry.replied:
-                    continue
-                if now + state.service_ms / 1000.0 > entry.deadline:
-                    self.reply_error(entry, errors.DEADLINE_EXCEEDED,
-                                     f"cannot finish within the SLO: about {state.service_ms:.1f} ms "
-                                     f"needed, {(entry.deadline - now) * 1e3:.1f} ms left")
-                    continue
-                batch.append(entry)
-            if not batch:
-                continue
-            self._send(model, state, worker.id, batch, now)
+                return admission.reask_after_s(decision.wait_ms)
+            # requests of one batch are stacked, so they share the head's input sizes
+            sample_bytes = sum(a.nbytes for a in state.queue.peek().inputs.values())
+            size = admission.payload_batch_cap(decision.batch_size, sample_bytes,
+                                               self.nc.max_payload)
+            screened = admission.screen_for_dispatch(state.queue.pop(size), now, state.service_ms)
+            for entry, refusal in screened.refuse:
+                self.reply_error(entry, refusal.code, refusal.message)
+            if screened.send:
+                self._send(model, state, worker.id, screened.send, now)
         return None
-
-    def _payload_cap(self, n: int, head: Pending) -> int:
-        """Cap a batch so its message stays under the server's max_payload."""
-        sample = sum(a.nbytes for a in head.inputs.values()) + 256
-        budget = self.nc.max_payload - 64 * 1024     # room for ids and envelope
-        return max(1, min(n, budget // sample))
 
     def _send(self, model: str, state: ModelState, worker_id: str, batch: list[Pending],
               now: float) -> None:
@@ -289,9 +275,9 @@ class Router:
         w.inflight[batch_id] = Inflight(batch_id, worker_id, model, batch, now, len(batch))
         try:
             publish_now(self.nc, subjects.work(worker_id), data)
-        except Exception as exc:  # noqa: BLE001 - e.g. MaxPayloadError: fail these requests clearly
+        except Exception as exc:  # noqa: BLE001 - fail these requests clearly, never silently
             w.inflight.pop(batch_id, None)
-            code = errors.PAYLOAD_TOO_LARGE if "payload" in repr(exc).lower() else errors.INTERNAL
+            code = errors.PAYLOAD_TOO_LARGE if isinstance(exc, MaxPayloadError) else errors.INTERNAL
             for e in batch:
                 self.reply_error(e, code, f"cannot send batch of {len(batch)} to a worker "
                                  f"({len(data)} bytes): {exc!r}")
@@ -300,18 +286,16 @@ class Router:
 
     async def on_heartbeat(self, msg: Msg) -> None:
         try:
-            hb = decode_map(msg.data)
-            model = hb["model"]
-            if model not in self.models:
+            hb = Heartbeat.decode(decode_map(msg.data))
+            if hb.model not in self.models:
                 return
-            new = self.registry.heartbeat(hb["worker"], model, int(hb["stage"]), int(hb["stages"]),
-                                          int(hb["capacity"]), time.monotonic(), int(hb.get("pid", 0)),
-                                          int(hb.get("config_version", 0)),
-                                          int(hb.get("set_aside", 0)), int(hb.get("gave_way", 0)))
+            new = self.registry.heartbeat(hb.worker, hb.model, hb.stage, hb.stages, hb.capacity,
+                                          time.monotonic(), hb.pid, hb.config_version,
+                                          hb.set_aside, hb.gave_way)
             if new:
-                self.log.info("worker joined %s", logs.kv(worker=hb["worker"], model=model,
-                                                         stage=hb["stage"]))
-                self.models[model].wake.set()
+                self.log.info("worker joined %s", logs.kv(worker=hb.worker, model=hb.model,
+                                                         stage=hb.stage))
+                self.models[hb.model].wake.set()
         except Exception as exc:  # noqa: BLE001
             self.log.warning("bad heartbeat: %r", exc)
 
@@ -329,27 +313,22 @@ class Router:
                                                        stage=dead.stage, inflight=len(dead.inflight)))
             for inflight in dead.inflight.values():
                 state = self.models[inflight.model]
-                for e in inflight.entries:
-                    if e.replied:
-                        continue
-                    if e.attempts >= MAX_ATTEMPTS:
-                        self.reply_error(e, errors.NO_WORKERS,
-                                               f"{e.attempts} workers were lost while serving it")
-                    else:
-                        state.queue.push(e, force=True)
+                outcome = admission.after_worker_loss(inflight.entries)
+                for e, refusal in outcome.give_up:
+                    self.reply_error(e, refusal.code, refusal.message)
+                for e in outcome.requeue:
+                    state.queue.push(e, force=True)   # already admitted: not bounced by the limit
                 state.wake.set()
         for name, state in self.models.items():
             for e in state.queue.expire(now):
                 self.reply_error(e, errors.DEADLINE_EXCEEDED, "deadline passed while queued")
-            if self.registry.has_stage0(name):
-                state.no_worker_since = None
-            elif state.no_worker_since is None:
-                state.no_worker_since = now
-            elif now - state.no_worker_since > NO_WORKER_GRACE_S and len(state.queue):
+            absence = admission.track_worker_absence(self.registry.has_stage0(name),
+                                                     state.no_worker_since, now, len(state.queue))
+            state.no_worker_since = absence.since
+            if absence.drain:
                 for e in state.queue.drain():
                     self.reply_error(e, errors.NO_WORKERS, f"no live worker serves {name!r}")
-        late = [e for e in self.pending.values() if e.deadline <= now]
-        for e in late:
+        for e in admission.overdue(self.pending.values(), now):
             self.reply_error(e, errors.DEADLINE_EXCEEDED, "deadline passed while in flight")
 
     # ------------------------------------------------------------------ telemetry + status
@@ -364,7 +343,7 @@ class Router:
             if state.records:
                 records, state.records = state.records, []
                 await self.nc.publish(subjects.telemetry_requests(name),
-                                      encode_map(model=name, router=self.id, records=records))
+                                      RequestTelemetry(name, self.id, records).encode())
 
     async def on_models(self, msg: Msg) -> None:
         models = [dict(state.spec.describe(), ready=self.registry.ready(name))

@@ -7,7 +7,7 @@ the ramps of the config it started under, so the worker is busy for ``full + sum
 costs)``; its reply leaves at its exit point: ``prefix[site] + costs of the active ramps up to
 and including its exit ramp``, or at the end. Latency = reply time - arrival (with queueing).
 As in the live worker, the rest of a run whose sample already answered gives way to a sample
-that arrives and is redone when the worker is idle (``feedback_backlog``, see ``_event_loop``;
+that arrives and is redone when the worker is idle (``feedback_backlog``, see ``event_loop``;
 0 replays runs that always go to the end).
 
 Policies, all on the same trace and arrivals:
@@ -42,13 +42,13 @@ from typing import Any
 
 import numpy as np
 
-from services.models.arrivals import make_arrivals
+from services.exits.initial import initial_active
 from services.sim.trace import Trace
-from services.tuner.controller import DEFAULT_TUNE_WINDOW, Decision, ExitController
-from services.tuner.initial import initial_active
+from services.tuner.controller import DEFAULT_TUNE_WINDOW, ExitController, TunerDecision
 from services.tuner.ramp_adjust import DEFAULT_BUDGET
 from services.tuner.thresholds import (
     DEFAULT_CONSTRAINT,
+    Climb,
     Replay,
     allowed_disagreements,
     grid_gap,
@@ -56,6 +56,7 @@ from services.tuner.thresholds import (
     tune,
 )
 from services.worker.feedback_backlog import DEFAULT_CAP as FEEDBACK_BACKLOG
+from services.workloads.arrivals import stream_arrivals
 
 POLICIES = ("vanilla", "static", "offramp", "hindsight", "oracle")
 TIMING_PASSES = 3  # offramp replays per run whose per-call minimum is the reported wall time
@@ -95,7 +96,7 @@ def arrivals_for(trace: Trace, spec: str | np.ndarray | None = None, seed: int =
             raise ValueError("the trace has no arrival_s: give an arrival spec, e.g. poisson:10")
         return trace.arrival_s
     if isinstance(spec, str):
-        return make_arrivals(spec, n=trace.n_samples, seed=(seed, 0xA7))
+        return stream_arrivals(spec, trace.n_samples, seed)
     a = np.asarray(spec, np.float64)
     if a.shape != (trace.n_samples,) or np.any(np.diff(a) < 0):
         raise ValueError(f"arrivals must be {trace.n_samples} sorted times")
@@ -106,9 +107,50 @@ def arrivals_for(trace: Trace, spec: str | np.ndarray | None = None, seed: int =
 Serve = Callable[[int], tuple[float, float, int, int]]
 
 
-def _event_loop(trace: Trace, arrivals: np.ndarray, serve: Serve,
-                done: Callable[[int, float], list[tuple[float, Callable[[], None]]]] | None,
-                backlog: int = FEEDBACK_BACKLOG) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+class _Worker:
+    """The simulated worker's feedback side: the tail of the run in hand (only feedback left)
+    and the runs set aside, oldest first."""
+
+    def __init__(self, busy_s: np.ndarray, backlog: int,
+                 done: Callable[[int, float], list[tuple[float, Callable[[], None]]]] | None):
+        self.busy_s, self.backlog, self.done = busy_s, backlog, done
+        self.free = 0.0                              # when the answer-critical work in hand ends
+        self.tail: tuple[int, float] | None = None   # (sample, its run's end): feedback left
+        self.aside: deque[int] = deque()             # samples whose run was stopped
+        self.pending: list[tuple[float, Callable[[], None]]] = []  # sorted by effective time
+
+    def finish(self, i: int, t: float) -> None:
+        if self.done is not None:
+            self.pending.extend(self.done(i, t))
+            self.pending.sort(key=lambda p: p[0])
+
+    def feedback_until(self, t: float) -> float:
+        """Feedback work from ``free`` on, until a sample is due at ``t``; returns when the
+        worker can start it."""
+        now = self.free
+        if self.tail is not None:
+            j, end = self.tail
+            self.tail = None
+            if end <= t or len(self.aside) >= self.backlog:
+                self.finish(j, end)
+                now = end
+            else:
+                self.aside.append(j)
+                return t
+        while self.aside and now + self.busy_s[self.aside[0]] <= t:
+            j = self.aside.popleft()
+            now += self.busy_s[j]
+            self.finish(j, now)
+        return max(now, t)
+
+    def apply_due(self, start: float) -> None:
+        while self.pending and self.pending[0][0] <= start:
+            self.pending.pop(0)[1]()
+
+
+def event_loop(trace: Trace, arrivals: np.ndarray, serve: Serve,
+               done: Callable[[int, float], list[tuple[float, Callable[[], None]]]] | None,
+               backlog: int = FEEDBACK_BACKLOG) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One worker, FIFO, latency mode: sample i's run lasts ``busy`` ms and its reply leaves
     at ``reply`` ms. The rest of a run whose sample answered early only computes feedback
     and gives way like the live worker's (``services/worker/feedback_backlog.py``): if the
@@ -122,51 +164,20 @@ def _event_loop(trace: Trace, arrivals: np.ndarray, serve: Serve,
     before the first sample starting at/after it."""
     n = trace.n_samples
     lat, ans, site = np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64)
-    busy_s = np.empty(n)
-    free = 0.0                              # when the answer-critical work in hand ends
-    tail: tuple[int, float] | None = None   # (sample, its run's end): only feedback left
-    aside: deque[int] = deque()             # samples whose run was stopped, oldest first
-    pending: list[tuple[float, Callable[[], None]]] = []  # sorted by effective time
-
-    def finish(i: int, t: float) -> None:
-        if done is not None:
-            pending.extend(done(i, t))
-            pending.sort(key=lambda p: p[0])
-
-    def feedback_until(t: float) -> float:
-        """Feedback work from ``free`` on, until a sample is due at ``t``; returns when the
-        worker can start it."""
-        nonlocal tail
-        now = free
-        if tail is not None:
-            j, end = tail
-            tail = None
-            if end <= t or len(aside) >= backlog:
-                finish(j, end)
-                now = end
-            else:
-                aside.append(j)
-                return t
-        while aside and now + busy_s[aside[0]] <= t:
-            j = aside.popleft()
-            now += busy_s[j]
-            finish(j, now)
-        return max(now, t)
-
+    w = _Worker(np.empty(n), backlog, done)
     for i in range(n):
-        start = feedback_until(max(float(arrivals[i]), free))
-        while pending and pending[0][0] <= start:
-            pending.pop(0)[1]()
+        start = w.feedback_until(max(float(arrivals[i]), w.free))
+        w.apply_due(start)
         reply_ms, busy_ms, ans[i], site[i] = serve(i)
-        busy_s[i] = busy_ms / 1e3
+        w.busy_s[i] = busy_ms / 1e3
         lat[i] = (start - arrivals[i]) * 1e3 + reply_ms
         if backlog > 0 and reply_ms < busy_ms:
-            free = start + reply_ms / 1e3
-            tail = (i, start + busy_s[i])
+            w.free = start + reply_ms / 1e3
+            w.tail = (i, start + w.busy_s[i])
         else:
-            free = start + busy_s[i]
-            finish(i, free)
-    feedback_until(math.inf)  # the stream is over: every feedback completes
+            w.free = start + w.busy_s[i]
+            w.finish(i, w.free)
+    w.feedback_until(math.inf)  # the stream is over: every feedback completes
     return lat, ans, site
 
 
@@ -177,7 +188,7 @@ def _result(name: str, trace: Trace, lat: np.ndarray, ans: np.ndarray, site: np.
                         float(window_agreements(agree, window).min()), extra)
 
 
-def _threshold_server(trace: Trace,
+def threshold_server(trace: Trace,
                       get: Callable[[int], tuple[tuple[int, ...], tuple[float, ...]]]) -> Serve:
     """Serve sample i under the config ``get(i)`` (active ramps, their thresholds)."""
     prefix, cost, full = trace.prefix_ms, trace.ramp_cost_ms, float(trace.prefix_ms[-1])
@@ -197,7 +208,7 @@ def _threshold_server(trace: Trace,
 
 def run_vanilla(trace: Trace, arrivals: np.ndarray, window: int = 16,
                 backlog: int = FEEDBACK_BACKLOG) -> PolicyResult:
-    lat, ans, site = _event_loop(trace, arrivals, _threshold_server(trace, lambda i: ((), ())),
+    lat, ans, site = event_loop(trace, arrivals, threshold_server(trace, lambda i: ((), ())),
                                  None, backlog)
     return _result("vanilla", trace, lat, ans, site, window)
 
@@ -212,7 +223,7 @@ def run_oracle(trace: Trace, arrivals: np.ndarray, window: int = 16,
         s = int(first[i])
         return (float(trace.prefix_ms[s]) if s >= 0 else full), full, int(trace.final_pred[i]), s
 
-    lat, ans, site = _event_loop(trace, arrivals, serve, None, backlog)
+    lat, ans, site = event_loop(trace, arrivals, serve, None, backlog)
     return _result("oracle", trace, lat, ans, site, window)
 
 
@@ -239,7 +250,7 @@ def run_static(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_C
                backlog: int = FEEDBACK_BACKLOG) -> PolicyResult:
     t = static_threshold(trace, constraint, frac)
     cfg = (tuple(range(trace.n_sites)), (t,) * trace.n_sites)
-    lat, ans, site = _event_loop(trace, arrivals, _threshold_server(trace, lambda i: cfg), None,
+    lat, ans, site = event_loop(trace, arrivals, threshold_server(trace, lambda i: cfg), None,
                                  backlog)
     return _result("static", trace, lat, ans, site, window, threshold=t, tuned_on_frac=frac)
 
@@ -260,11 +271,11 @@ def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
                 backlog: int = FEEDBACK_BACKLOG) -> PolicyResult:
     deployed = {"cfg": (controller.active, controller.thresholds)}
     decisions: list[dict[str, Any]] = []
-    raw: list[Decision] = []
+    raw: list[TunerDecision] = []
     wall: dict[str, list[float]] = {"tune": [], "adjust": [], "record": [], "skipped": []}
     n_active = np.empty(trace.n_samples, np.int64)
     served: dict[int, tuple[int, ...]] = {}  # active ramps each sample ran with, until its feedback
-    inner = _threshold_server(trace, lambda i: deployed["cfg"])
+    inner = threshold_server(trace, lambda i: deployed["cfg"])
 
     def serve(i: int) -> tuple[float, float, int, int]:
         served[i] = deployed["cfg"][0]
@@ -293,7 +304,7 @@ def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
                 out.append((t + delay_s, lambda cfg=cfg: deployed.__setitem__("cfg", cfg)))
         return out
 
-    lat, ans, site = _event_loop(trace, arrivals, serve, done, backlog)
+    lat, ans, site = event_loop(trace, arrivals, serve, done, backlog)
     return _result("offramp", trace, lat, ans, site, window, decisions=decisions,
                    raw_decisions=raw, wall_ms=wall, n_active=n_active,
                    counts=dict(controller.counts), params=controller.params())
@@ -316,8 +327,8 @@ def _grid(r: int) -> tuple[float, ...]:
     return tuple(round(step * i, 4) for i in range(round(1 / step) + 1))
 
 
-def grid_gaps(decisions: list[Decision], trace: Trace, constraint: float = DEFAULT_CONSTRAINT,
-              rounds: int = 8, max_ramps: int = 4) -> dict[str, Any]:
+def grid_gaps(decisions: list[TunerDecision], trace: Trace, constraint: float = DEFAULT_CONSTRAINT,
+              rounds: int = 8, max_ramps: int = 4, climb: Climb | None = None) -> dict[str, Any]:
     """How far the hill climb lands from a grid search on the same tuning windows.
 
     Grid search is exponential in the ramps, so on windows with more than ``max_ramps`` active
@@ -347,7 +358,7 @@ def grid_gaps(decisions: list[Decision], trace: Trace, constraint: float = DEFAU
             counts = np.bincount(e, minlength=w.n_ramps + 1)[: w.n_ramps]
             top = sorted(np.argsort(-counts, kind="stable")[:max_ramps].tolist())
             w = w.select([w.ramp_ids[k] for k in top])
-        t = tune(w, prof, constraint).evaluation.savings_ms
+        t = tune(w, prof, constraint, climb=climb).evaluation.savings_ms
         g = grid_search(w, prof, constraint, _grid(w.n_ramps)).evaluation.savings_ms
         per.append(grid_gap(t, g))
         ramps.append(w.n_ramps)
@@ -360,7 +371,8 @@ def grid_gaps(decisions: list[Decision], trace: Trace, constraint: float = DEFAU
 
 def run_hindsight(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_CONSTRAINT,
                   budget: float = DEFAULT_BUDGET, every: int = DEFAULT_TUNE_WINDOW,
-                  window: int = 16, backlog: int = FEEDBACK_BACKLOG) -> PolicyResult:
+                  window: int = 16, backlog: int = FEEDBACK_BACKLOG,
+                  climb: Climb | None = None) -> PolicyResult:
     """A bound on what threshold tuning alone can do with these ramps: the initial deployment's
     ramps (offramp's starting point), thresholds tuned by the same hill climb on each block of
     ``every`` samples *with those very samples* (perfect foresight, per block). A causal tuner
@@ -374,10 +386,11 @@ def run_hindsight(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAUL
     blocks: list[tuple[float, ...]] = []
     for start in range(0, trace.n_samples, every):
         stop = min(start + every, trace.n_samples)
-        blocks.append(tuple(tune(trace.window(active, start, stop), prof, constraint).thresholds)
+        blocks.append(tuple(tune(trace.window(active, start, stop), prof, constraint,
+                                 climb=climb).thresholds)
                       if active else ())
-    serve = _threshold_server(trace, lambda i: (active, blocks[i // every]))
-    lat, ans, site = _event_loop(trace, arrivals, serve, None, backlog)
+    serve = threshold_server(trace, lambda i: (active, blocks[i // every]))
+    lat, ans, site = event_loop(trace, arrivals, serve, None, backlog)
     return _result("hindsight", trace, lat, ans, site, window, active=list(active), every=every)
 
 
@@ -387,8 +400,11 @@ def run_replay(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_C
                controller: dict[str, Any] | None = None,
                policies: tuple[str, ...] = POLICIES,
                timing_passes: int = TIMING_PASSES,
-               feedback_backlog: int = FEEDBACK_BACKLOG) -> dict[str, PolicyResult | dict]:
-    """Every policy on the same trace and arrivals; offramp also gets its grid gap."""
+               feedback_backlog: int = FEEDBACK_BACKLOG,
+               climb: Climb | None = None) -> dict[str, PolicyResult | dict]:
+    """Every policy on the same trace and arrivals; offramp also gets its grid gap.
+    ``climb``: the threshold climb's engine (``climb_native.best_climb()`` is the live
+    tuner's; None = the Python climb, the same decisions)."""
     if timing_passes < 1:
         raise ValueError(f"timing_passes must be >= 1, got {timing_passes}")
     if feedback_backlog < 0:
@@ -404,10 +420,11 @@ def run_replay(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_C
             out[name] = run_oracle(trace, arrivals, window, fb)
         elif name == "hindsight":
             every = int((controller or {}).get("tune_window", DEFAULT_TUNE_WINDOW))
-            out[name] = run_hindsight(trace, arrivals, constraint, budget, every, window, fb)
+            out[name] = run_hindsight(trace, arrivals, constraint, budget, every, window, fb,
+                                      climb)
         elif name == "offramp":
             def fresh() -> ExitController:
-                return make_controller(trace, constraint, budget, window=window,
+                return make_controller(trace, constraint, budget, window=window, climb=climb,
                                        **(controller or {}))
 
             ctl = fresh()
@@ -418,7 +435,7 @@ def run_replay(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_C
             res.extra["timing_passes"] = timing_passes
             if grid_rounds > 0:
                 res.extra["grid"] = grid_gaps(res.extra["raw_decisions"], trace,
-                                              ctl.tune_constraint, grid_rounds)
+                                              ctl.tune_constraint, grid_rounds, climb=climb)
             out[name] = res
         else:
             raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")

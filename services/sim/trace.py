@@ -6,7 +6,7 @@ candidate sites, so the simulator can replay any policy (any active set, any thr
 over the same stream without new inference. Format (``.npz``, R sites, N samples):
 
 - ``ramp_pred``    int   R x N   top-1 of the ramp at each candidate site
-- ``ramp_score``   float R x N   exit score (``services.models.scores``: lower = more confident)
+- ``ramp_score``   float R x N   exit score (``services.exits.scores``: lower = more confident)
 - ``final_pred``   int   N       top-1 of the full model
 - ``prefix_ms``    float R + 1   latency from the input to each site; the last entry is the
                                  full model (batch 1, no ramps)
@@ -27,7 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from services.tuner.window import ExitWindow, LatencyProfile
+from services.exits.exit_window import ExitWindow
+from services.exits.latency_profile import LatencyProfile
+from services.exits.scores import exit_score
+from services.runtime.manifest import Manifest
+from services.runtime.stage import StageRuntime
 
 _REQUIRED = ("ramp_pred", "ramp_score", "final_pred", "prefix_ms", "ramp_cost_ms")
 
@@ -170,10 +174,6 @@ def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
     samples, dict by input name) and record each ramp's top-1 and exit score and the final
     top-1. Latencies come from the manifest (measured once at preparation), not from this run,
     so a trace does not depend on how loaded the machine was while recording."""
-    from services.models.manifest import Manifest
-    from services.models.runtime import StageRuntime
-    from services.models.scores import exit_score
-
     model_dir = Path(model_dir)
     manifest = Manifest.load(model_dir)
     if not manifest.ramps:

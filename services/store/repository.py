@@ -17,8 +17,20 @@ from sqlalchemy import Table, case, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
+from services.common.stats import percentile
 from services.store.db import IMMEDIATE, make_engine, naive_utc, utcnow
-from services.store.models import (
+from services.store.rows import (
+    ExitConfigRow,
+    artifact_rows,
+    exit_config_row,
+    latency_row,
+    opt,
+    profile_row,
+    ramp_rows,
+    request_row,
+    utility_row,
+)
+from services.store.tables import (
     Artifact,
     ExitConfig,
     ExitProfile,
@@ -30,18 +42,6 @@ from services.store.models import (
     Request,
     TunerState,
     Worker,
-)
-from services.store.rows import (
-    ExitConfigRow,
-    artifact_rows,
-    exit_config_row,
-    latency_row,
-    opt,
-    percentile,
-    profile_row,
-    ramp_rows,
-    request_row,
-    utility_row,
 )
 
 T = TypeVar("T")
@@ -289,8 +289,8 @@ class Store:
         return {
             "count": int(count),
             "errors": int(count - n_ok),
-            "p50_ms": percentile(latencies, 0.50),
-            "p95_ms": percentile(latencies, 0.95),
+            "p50_ms": percentile(latencies, 50),
+            "p95_ms": percentile(latencies, 95),
             "early_share": n_early / n_ok if n_ok else None,
         }
 

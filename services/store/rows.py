@@ -29,16 +29,6 @@ def opt(kind: Callable[[Any], T], value: Any) -> T | None:
     return None if value is None else kind(value)
 
 
-def percentile(ordered: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not ordered:
-        return None
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def request_row(r: dict[str, Any]) -> dict[str, Any]:
     return {
         "request_id": str(r["request_id"]),

@@ -9,7 +9,6 @@ where no C compiler is found the tuner climbs in Python and ``failure()`` says w
 from __future__ import annotations
 
 import ctypes
-import os
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from services.common import native
+from services.tuner.thresholds import Climb, Evaluation, Move, Replay, TuneResult
 
 SOURCE = Path(__file__).with_name("climb.c")
 ABI = 1
@@ -74,13 +74,14 @@ def failure() -> str | None:
     return _failure
 
 
-def enabled() -> bool:
-    return os.environ.get("OFFRAMP_TUNER_NATIVE", "1") != "0" and load() is not None
+def enabled(wanted: bool = True) -> bool:
+    """Whether the compiled climb runs: ``wanted`` (``Config.tuner_native``) and it loads."""
+    return wanted and load() is not None
 
 
-def engine() -> str:
-    """Which climb ``tune`` runs here by default: "compiled" or "python"."""
-    return "compiled" if enabled() else "python"
+def engine(wanted: bool = True) -> str:
+    """Which climb :func:`best_climb` gives here: "compiled" or "python"."""
+    return "compiled" if enabled(wanted) else "python"
 
 
 def climb(sorted_scores: np.ndarray, order: np.ndarray, wrong: np.ndarray, lat: np.ndarray,
@@ -123,3 +124,36 @@ def climb(sorted_scores: np.ndarray, order: np.ndarray, wrong: np.ndarray, lat: 
     return Climbed(thresholds=th.tolist(), ranks=ranks.tolist(), steps=steps.tolist(),
                    start=st.tolist(), counts=counts.tolist(), disagreements=int(scalars[0]),
                    rounds=int(scalars[1]), moves=moves)
+
+
+def compiled_climb(rp: Replay, th: list[float], allowed: int, floor: float,
+                   initial_step: float, max_threshold: float, max_rounds: int) -> TuneResult:
+    """``thresholds.tune``'s climb in compiled code (a ``thresholds.Climb``)."""
+    # any order of tied scores does: a threshold never splits a tie (it passes all or none),
+    # and the default sort is several times faster than a stable one
+    order = np.argsort(rp.score, axis=1)
+    wrong = ~rp.agree  # last row: the model, never wrong
+    c = climb(np.take_along_axis(rp.score, order, axis=1), order, wrong,
+                           rp.exit_lat, th, allowed, floor, initial_step, max_threshold,
+                           max_rounds)
+    n, ids = rp.n_samples, rp.window.ramp_ids
+    lat_ms = rp.exit_lat.tolist()
+    lat, covered = 0.0, 0
+    for k in range(rp.n_ramps):  # as _Bits.evaluation forms it
+        lat += c.counts[k] * lat_ms[k]
+        covered += c.counts[k]
+    mean = (lat + (n - covered) * lat_ms[rp.n_ramps]) / n
+    ev = Evaluation(agreement=1.0 - c.disagreements / n, mean_latency_ms=mean,
+                    exit_rates=tuple(x / n for x in c.counts[: rp.n_ramps]),
+                    savings_ms=rp.profile.full_ms - mean, disagreements=c.disagreements,
+                    samples=n)
+    moves = tuple(Move(round=rnd, ramp_id=ids[i], threshold=t, step=st, gain_ms=g / n,
+                       loss=loss / n) for rnd, i, t, st, g, loss in c.moves)
+    return TuneResult(thresholds=tuple(c.thresholds), evaluation=ev, rounds=c.rounds,
+                      moves=moves, steps=tuple(c.steps), start=tuple(c.start))
+
+
+def best_climb(wanted: bool = True) -> Climb | None:
+    """The climb a tuner passes to ``tune`` here: compiled when ``wanted``
+    (``OFFRAMP_TUNER_NATIVE`` is not 0) and it builds, else None (the Python climb)."""
+    return compiled_climb if enabled(wanted) else None

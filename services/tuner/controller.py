@@ -14,18 +14,12 @@ per trigger (the work; the simulator times each step on its own).
   that sample instead of up to 15 samples later. Thresholds are then re-tuned from 0
   (``tune()``) on the newest ``tune_window`` samples, must also meet the constraint on the
   alert window (else the element-wise min with that window's own tune, else that tune capped
-  at the deployed thresholds, else no exits), and
-  every ramp that answered wrongly there is capped at ``backoff`` x its wrong score: the next
-  frames of the scene that broke it score alike, and re-tuning "just below" the failure
-  failed again at the next frame (chains of 5-10 alerts per scene in the simulator). An
-  alert never raises a threshold (element-wise min with the deployed ones): it says the
-  config is too eager, and just after a ramp was added only a few dozen records hold it,
-  on which a tune from 0 overfits (MiniLM replays: thresholds of 1.0 right after a trial
-  began, then chains of alerts; 98.70-99.05% agreement on three 2,000-text traces, 99.10-
-  99.15% with the rule, mean latency 21% below vanilla instead of 28%; on the six short-scene
-  EfficientNet traces below, with RECIPE_VERSION 8 costs, worst agreement 99.08% vs 99.05%,
-  mean 99.35% vs 99.23%, mean latency 6.6% below vanilla vs 8.3%). Raising is the slack
-  tune's job.
+  at the deployed thresholds, else no exits), and every ramp that answered wrongly there is
+  capped at ``backoff`` x its wrong score: the next frames of the scene that broke it score
+  alike, so re-tuning "just below" the failure fails again at the next frame. An alert never
+  raises a threshold: it says the config is too eager, and just after a ramp was added only
+  a few dozen records hold it, on which a tune from 0 overfits. Raising is the slack tune's
+  job.
 - **slack**: "the goal of tuning is to identify a new set of thresholds that maximizes latency
   savings" and "trialed ramps start with threshold=0 ... but are soon updated in the next
   round of threshold tuning" (§3.2-3.3), yet tuning is only *triggered* by violations, so from
@@ -40,32 +34,22 @@ per trigger (the work; the simulator times each step on its own).
   ``ramp_adjust.adjust()`` runs on the last ``adjust_window`` [2 x adjust_every = 256]
   samples holding every active ramp. Not the last 128: its re-tunes target the headroom,
   and 0.5% of 128 samples allows no disagreement at all, so one confident mistake in the
-  round retuned a ramp to 0 and dropped it (MiniLM replays of three held-out 2,000-text
-  streams: the first rounds cut five ramps to the last one or two; mean latency 10.2 / 13.5
-  / 9.2% below vanilla on 128 samples, 18.3 / 13.3 / 18.2% on 256, agreement 99.35-99.60%
-  either way; the EfficientNet video traces decided the same or within 0.2 points).
+  round would retune a ramp to 0 and drop it.
   A deactivated site is not trialled again for ``cooldown_rounds`` [2] rounds, doubled
-  for each further deactivation in a row (at most ``MAX_COOLDOWN_ROUNDS``): live, a
-  stream whose ramps cannot meet the constraint had the controller trial and drop the same
-  two sites every round, each trial paying its serving cost on every sample and a session
-  build in the worker. A site that keeps a non-negative utility through a round starts afresh.
+  for each further deactivation in a row (at most ``MAX_COOLDOWN_ROUNDS``): a stream whose
+  ramps cannot meet the constraint would otherwise trial and drop the same sites every
+  round, each trial paying its serving cost on every sample and a session build in the
+  worker. A site that keeps a non-negative utility through a round starts afresh.
   Trials as a whole back off too: after a trialled site is dropped, no site is added for
   ``cooldown_rounds`` rounds, doubled for each further failed trial in a row (any site), so a
-  stream where no ramp pays stops cycling through sites (live, EfficientNet seed 0 tried a
-  new site every other round). A trial that survives a round ends the streak.
+  stream where no ramp pays stops cycling through sites. A trial that survives a round ends
+  the streak.
 - Records served before a ramp was activated never tune or judge it: windows are built from
   the newest records that hold every active ramp (older supersets still count).
 
-Defaults come from ``services.sim.replay`` on EfficientNet-Lite0 video traces (seed 0, 4000
-frames, and seeds 1-5, 2000 frames; scene cuts every 16-120 frames, far more drift than the
-paper's hour-long urban videos), maximising savings subject to >= 99% agreement on every
-trace. With the other defaults fixed, the worst trace's agreement was 98.05% tuning on the
-paper's 16-sample window, 98.4-98.75% on 32-256 samples and 99.05% on 512 (mean 99.43%; mean
-latency 3.6-18.9% below vanilla); at 512, full-constraint tuning fell to 98.8%, no backoff
-to 96.8%, no savings tunes to 98.95% with less saved. Backoff 0.5 / 0 held too (99.1 / 99.35%)
-but saved less (9.3 / 8.8% vs 10.5% on average). 384-768 samples with 4-12 clean windows
-stayed within 98.95-99.05% on the worst trace: a plateau, not a lucky point.
-Scores follow ``services.models.scores`` (lower = more confident, exit iff score < threshold).
+The defaults maximise savings subject to >= 99% agreement on every recorded EfficientNet
+video trace in replay; docs/design/tuner.md gives the measurements behind each of them.
+Scores follow ``services.exits.scores`` (lower = more confident, exit iff score < threshold).
 """
 
 from __future__ import annotations
@@ -75,9 +59,12 @@ from typing import Any
 
 import numpy as np
 
+from services.exits.exit_window import ExitWindow
+from services.exits.latency_profile import LatencyProfile
 from services.tuner.ramp_adjust import ADJUST_EVERY, DEFAULT_BUDGET, AdjustInput, adjust
 from services.tuner.thresholds import (
     DEFAULT_CONSTRAINT,
+    Climb,
     Replay,
     allowed_disagreements,
     check_constraint,
@@ -85,7 +72,6 @@ from services.tuner.thresholds import (
     meets,
     tune,
 )
-from services.tuner.window import ExitWindow, LatencyProfile
 
 DEFAULT_WINDOW = 16          # samples per agreement window (§3.2)
 DEFAULT_TUNE_WINDOW = 512    # samples tuned on (chosen in the replay simulator, module doc)
@@ -107,7 +93,7 @@ class Trigger:
 
 
 @dataclass(frozen=True)
-class Decision:
+class TunerDecision:
     """A (possibly unchanged) exit config and why; ``version`` grows only when it changed."""
 
     version: int
@@ -146,8 +132,10 @@ class ExitController:
                  cooldown_rounds: int = DEFAULT_COOLDOWN_ROUNDS,
                  min_tune_samples: int | None = None,
                  tune_constraint: float | None = None, adjust_window: int | None = None,
-                 backoff: float = DEFAULT_BACKOFF, version: int = 0) -> None:
+                 backoff: float = DEFAULT_BACKOFF, version: int = 0,
+                 climb: Climb | None = None) -> None:
         check_constraint(constraint)
+        self.climb = climb
         if min(window, tune_window, adjust_every) < 1:
             raise ValueError("window, tune_window and adjust_every must be >= 1")
         if slack_windows is not None and slack_windows < 1:
@@ -190,7 +178,7 @@ class ExitController:
     def capacity(self) -> int:
         return max(self.window, self.tune_window, self.adjust_every, self.adjust_window)
 
-    def observe(self, batch: ExitWindow) -> list[Decision]:
+    def observe(self, batch: ExitWindow) -> list[TunerDecision]:
         """Record a batch and act on whatever became due (what the live tuner calls)."""
         return [self.step(t) for t in self.record(batch)]
 
@@ -287,7 +275,7 @@ class ExitController:
         return None
 
     # ------------------------------------------------------------------ decisions
-    def step(self, trigger: Trigger) -> Decision:
+    def step(self, trigger: Trigger) -> TunerDecision:
         """Run one due trigger and deploy its result."""
         if trigger.kind == "adjust":
             return self._adjust(trigger)
@@ -302,7 +290,7 @@ class ExitController:
             self.win_n = self.win_dis = 0  # a window measures one config only
         return changed
 
-    def _tune(self, trigger: Trigger) -> Decision:
+    def _tune(self, trigger: Trigger) -> TunerDecision:
         self.counts["tunes"] += 1
         self.clean = 0
         alert = trigger.kind == "alert"
@@ -315,7 +303,8 @@ class ExitController:
             return self._decision("tune", trigger, "tune", f"only {w.n_samples} samples hold "
                                   f"every active ramp (< {self.min_tune_samples}): wait",
                                   self.active, old, 0, None)
-        res = tune(w, self.profile, self.tune_constraint, start=None if alert else old)
+        res = tune(w, self.profile, self.tune_constraint, start=None if alert else old,
+                   climb=self.climb)
         th, how = res.thresholds, f"tuned on the last {w.n_samples} samples"
         if alert:
             th = tuple(min(a, b) for a, b in zip(th, old))  # see the module doc: alert
@@ -337,7 +326,7 @@ class ExitController:
         """Thresholds that also meet the constraint on the alert window (see module doc)."""
         if meets(evaluate(aw, self.profile, th), self.constraint):
             return th, how
-        short = tune(aw, self.profile, self.constraint).thresholds
+        short = tune(aw, self.profile, self.constraint, climb=self.climb).thresholds
         low = tuple(min(a, b) for a, b in zip(th, short))
         if meets(evaluate(aw, self.profile, low), self.constraint):
             return low, how + ", capped by the alert window's tune"
@@ -362,7 +351,7 @@ class ExitController:
         return tuple(cap), how + (f"; backed off the failing ramps x{self.backoff:g}" if hit
                                   else "")
 
-    def _adjust(self, trigger: Trigger) -> Decision:
+    def _adjust(self, trigger: Trigger) -> TunerDecision:
         self.counts["adjusts"] += 1
         self.rounds += 1
         w = self.recent(self.adjust_window)
@@ -374,7 +363,7 @@ class ExitController:
         if self.rounds < self.trial_hold_until:  # trials as a whole are backing off
             exclude = frozenset(range(self.profile.n_sites)) - frozenset(self.active)
         d = adjust(AdjustInput(w, self.profile, self.thresholds, self.tune_constraint,
-                               self.budget, exclude))
+                               self.budget, exclude, self.climb))
         for u in d.utilities:  # paid its way this round: a later failure waits the base time
             if u.utility_ms >= 0 and u.ramp_id in d.active:
                 self.failures.pop(u.ramp_id, None)
@@ -411,9 +400,9 @@ class ExitController:
 
     def _decision(self, kind: str, trigger: Trigger, action: str, reason: str,
                   active: tuple[int, ...], thresholds: tuple[float, ...], tuned_on: int,
-                  est: float | None, **extra: Any) -> Decision:
+                  est: float | None, **extra: Any) -> TunerDecision:
         changed = self._deploy(tuple(active), tuple(float(t) for t in thresholds))
-        return Decision(version=self.version, kind=kind, trigger=trigger.kind, action=action,
+        return TunerDecision(version=self.version, kind=kind, trigger=trigger.kind, action=action,
                         reason=reason, active=self.active, thresholds=self.thresholds,
                         changed=changed, at_sample=trigger.at_sample, tuned_on=tuned_on,
                         est_savings_ms=est, window_agreement=trigger.window_agreement, **extra)

@@ -43,9 +43,8 @@ Choices where §3.3 is vague:
   best ramp would ever be probed. It also passes over sites that no sample of the window
   would reach (an earlier active ramp answers every one): a ramp moved there shows nothing.
   When the shifted set does not fit the budget, ramps that no sample reached (utility 0:
-  no exits, no cost paid) are released, latest first, until it does. On a video scene that
-  ramp 4 of EfficientNet answers whole, the §3.3 one-site steps took ramp 9 to 8, 7 and 5,
-  one adjust round each, all behind ramp 4, and nothing earlier was ever tried.
+  no exits, no cost paid) are released, latest first, until it does: one-site steps
+  behind a ramp that answers a whole scene would never reach the sites before it.
 - an empty active set trials the middle site that fits the budget (nothing else can ever
   bring ramps back).
 """
@@ -58,16 +57,18 @@ from itertools import pairwise
 
 import numpy as np
 
-from services.tuner.initial import DEFAULT_BUDGET
+from services.exits.exit_window import ExitWindow
+from services.exits.initial import DEFAULT_BUDGET
+from services.exits.latency_profile import LatencyProfile
 from services.tuner.thresholds import (
     DEFAULT_CONSTRAINT,
+    Climb,
     Replay,
     as_thresholds,
     check_constraint,
     meets,
     tune,
 )
-from services.tuner.window import ExitWindow, LatencyProfile
 
 ADJUST_EVERY = 128     # samples between adjustment rounds (§3.3)
 ACTIONS = ("retune", "deactivate_and_trial", "add_earlier", "shift_earlier", "keep")
@@ -102,6 +103,7 @@ class AdjustInput:
     constraint: float = DEFAULT_CONSTRAINT
     budget: float = DEFAULT_BUDGET
     exclude: frozenset[int] = frozenset()  # sites the caller will not trial (e.g. just failed)
+    climb: Climb | None = None        # tune's climb engine (None: the Python climb)
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,7 @@ def _pick_trial(profile: LatencyProfile, kept: list[int], rates: Mapping[int, fl
 
 
 def _kept_thresholds(rp: Replay, keep: Sequence[int], th: Mapping[int, float],
-                     constraint: float) -> tuple[float, ...]:
+                     constraint: float, climb: Climb | None) -> tuple[float, ...]:
     """Thresholds for ``keep`` once the other ramps are gone: unchanged if they still meet the
     constraint on this window (samples the removed ramps answered now flow on), else re-tuned."""
     keep = sorted(keep)
@@ -204,7 +206,7 @@ def _kept_thresholds(rp: Replay, keep: Sequence[int], th: Mapping[int, float],
     masked = np.array([th[s] if s in keep else 0.0 for s in rp.window.ramp_ids])
     if meets(rp.evaluation(masked), constraint):
         return tuple(th[k] for k in keep)
-    return tune(rp.window.select(keep), rp.profile, constraint).thresholds
+    return tune(rp.window.select(keep), rp.profile, constraint, climb=climb).thresholds
 
 
 def _decision(action: str, active: Sequence[int], thresholds: Mapping[int, float], reason: str,
@@ -252,7 +254,7 @@ def adjust(state: AdjustInput) -> AdjustDecision:
             keep.pop()
         dropped = sorted(set(active) - set(keep))
         return _decision("deactivate_and_trial", keep, dict(zip(sorted(keep), _kept_thresholds(
-            rp, keep, th, cons))), f"over the {budget:.1%} ramp budget: dropped the "
+            rp, keep, th, cons, state.climb))), f"over the {budget:.1%} ramp budget: dropped the "
             f"lowest-utility ramps {dropped}", utils, deactivated=dropped)
 
     if all(u.utility_ms >= 0 for u in utils):
@@ -260,7 +262,7 @@ def adjust(state: AdjustInput) -> AdjustDecision:
 
     cur = rp.evaluation(th_arr)
     cur_ok = meets(cur, cons)
-    tuned = tune(w, prof, cons, start=th_arr, replay=rp)
+    tuned = tune(w, prof, cons, start=th_arr, replay=rp, climb=state.climb)
     t_utils = _utilities(rp, np.asarray(tuned.thresholds))
     better = not cur_ok or tuned.evaluation.savings_ms >= cur.savings_ms - _TOL
     if better and all(u.utility_ms >= 0 for u in t_utils):
@@ -277,7 +279,7 @@ def adjust(state: AdjustInput) -> AdjustDecision:
     rates = {u.ramp_id: u.exits / n for u in ref_utils if u.ramp_id in neg}
     reached = n - sum(u.exits for u in ref_utils if u.ramp_id in kept)
     cands, trial = _pick_trial(prof, kept, rates, reached, n, budget, state.exclude)
-    new_th = dict(zip(sorted(kept), _kept_thresholds(rp, kept, ref_th, cons)))
+    new_th = dict(zip(sorted(kept), _kept_thresholds(rp, kept, ref_th, cons, state.climb)))
     added = [trial] if trial is not None else []
     reason = f"deactivated negative-utility ramps {sorted(neg)}; " + (
         f"trial site {trial} (best positive upper-bound utility)" if trial is not None
@@ -323,7 +325,8 @@ def _probe(state: AdjustInput, rp: Replay, th: dict[int, float],
             if not _fits(prof, [*kept, to], budget):
                 continue
             dropped = sorted(set(rest) - set(kept))
-            new_th = dict(zip(sorted(kept), _kept_thresholds(rp, kept, th, state.constraint)))
+            new_th = dict(zip(sorted(kept), _kept_thresholds(rp, kept, th, state.constraint,
+                                                                    state.climb)))
             why = f"all utilities positive, no room to add: shift the worst ramp {s} to site {to}"
             if dropped:
                 why += f", releasing ramps no sample reached {dropped}"

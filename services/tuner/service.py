@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import numpy as np
 from nats.aio.client import Client
@@ -21,24 +20,27 @@ from nats.aio.msg import Msg
 
 from schemas import subjects
 from schemas.messages import ExitConfig, decode_map
+from schemas.telemetry import SampleTelemetry
 from services.common import bus, logs
 from services.common.config import Config
-from services.models.manifest import Manifest
+from services.exits.exit_window import ExitWindow
+from services.exits.latency_profile import LatencyProfile
+from services.runtime.manifest import Manifest
+from services.store.repository import Store
 from services.tuner import climb_native
-from services.tuner.controller import Decision, ExitController
-from services.tuner.window import ExitWindow, LatencyProfile
+from services.tuner.controller import ExitController, TunerDecision
 
 STATE_EVERY_S = 5.0  # also save the controller state this often while feedback arrives
 
 
-def window_of(msg: dict[str, Any]) -> ExitWindow | None:
+def window_of(telemetry: SampleTelemetry) -> ExitWindow | None:
     """The feedback a sample-telemetry message carries (active ramps only), or None."""
-    ids = [int(r) for r in msg.get("ramp_ids") or []]
-    final = np.asarray(msg["final_pred"], np.int64)
+    ids = telemetry.ramp_ids
+    final = np.asarray(telemetry.final_pred, np.int64)
     if not len(final):
         return None
-    pred = np.asarray(msg["ramp_pred"], np.int64).reshape(len(ids), len(final))
-    score = np.asarray(msg["ramp_score"], np.float64).reshape(len(ids), len(final))
+    pred = np.asarray(telemetry.ramp_pred, np.int64)
+    score = np.asarray(telemetry.ramp_score, np.float64)
     order = np.argsort(ids, kind="stable")
     return ExitWindow.build([ids[i] for i in order], pred[order], score[order], final)
 
@@ -83,15 +85,16 @@ class Tuner:
         active = sorted(int(r) for r in latest.active) if latest is not None else ramps
         th = {int(k): float(v) for k, v in (latest.thresholds if latest is not None else {}).items()}
         return ExitController(LatencyProfile.from_manifest(manifest), active, [th.get(r, 0.0) for r in active],
-                              constraint=self.cfg.accuracy_loss, budget=self.cfg.ramp_budget)
+                              constraint=self.cfg.accuracy_loss, budget=self.cfg.ramp_budget,
+                              climb=climb_native.best_climb(self.cfg.tuner_native))
 
     async def on_samples(self, msg: Msg) -> None:
         try:
-            data = decode_map(msg.data)
-            tuner = self.models.get(data.get("model"))
+            telemetry = SampleTelemetry.decode(decode_map(msg.data))
+            tuner = self.models.get(telemetry.model)
             if tuner is None:
                 return
-            window = window_of(data)
+            window = window_of(telemetry)
         except Exception as exc:  # noqa: BLE001 - bad telemetry must not stop tuning
             self.log.warning("bad sample telemetry: %r", exc)
             return
@@ -106,7 +109,7 @@ class Tuner:
             if decisions or time.monotonic() - tuner.saved_at > STATE_EVERY_S:
                 await self._save_state(tuner)
 
-    async def _deploy(self, tuner: ModelTuner, d: Decision, ms: float) -> None:
+    async def _deploy(self, tuner: ModelTuner, d: TunerDecision, ms: float) -> None:
         if d.kind == "adjust" and d.utilities:
             rows = [{"model": tuner.name, "round": tuner.controller.rounds, "ramp": u.ramp_id,
                      "exits": int(u.exits), "saved_ms": float(u.saved_ms),
@@ -153,8 +156,6 @@ class Tuner:
 
 
 async def serve(cfg: Config, stop: asyncio.Event) -> None:
-    from services.store.repository import Store
-
     log = logs.setup("tuner", cfg.log_level)
     store = Store(cfg.database_url)
     nc = await bus.connect(cfg.nats_url or "nats://127.0.0.1:4222", "offramp-tuner")
@@ -165,7 +166,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     await nc.subscribe(subjects.exit_config("*"), cb=tuner.on_config)
     log.info("tuner ready %s", logs.kv(models=",".join(tuner.models),
                                         constraint=cfg.accuracy_loss,
-                                        climb=climb_native.engine()))
+                                        climb=climb_native.engine(cfg.tuner_native)))
     if climb_native.failure():
         log.warning("%s: the tuner climbs in Python (same decisions, slower)",
                     climb_native.failure())

@@ -13,7 +13,8 @@ exits nothing has negative savings (the ramps' overhead).
 
 Choices where §3.2 is vague (documented here once):
 
-- initial step 0.1 (§3.2 text; Algorithm 1 starts at the floor instead);
+- initial step 0.08 (``DEFAULT_INITIAL_STEP``; §3.2's text gives 0.1, Algorithm 1 starts
+  at the floor);
 - thresholds are capped at ``max_threshold`` = 1.0 (every score kind in ``scores.py`` is in
   [0, 1]); a ramp at the cap has no further move;
 - move ranking: feasible moves with a latency gain and no agreement loss rank first
@@ -45,11 +46,12 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice, product
+from typing import Protocol
 
 import numpy as np
 
-from services.tuner import climb_native
-from services.tuner.window import ExitWindow, LatencyProfile
+from services.exits.exit_window import ExitWindow
+from services.exits.latency_profile import LatencyProfile
 
 DEFAULT_CONSTRAINT = 0.01  # at most 1% disagreement with the final model
 DEFAULT_INITIAL_STEP = 0.08
@@ -237,16 +239,23 @@ class _Bits:
                           disagreements=dis, samples=self.n)
 
 
+class Climb(Protocol):
+    """A climb engine: from start thresholds ``th`` (capped) to the tuned result on ``rp``."""
+
+    def __call__(self, rp: Replay, th: list[float], allowed: int, floor: float,
+                 initial_step: float, max_threshold: float, max_rounds: int) -> TuneResult: ...
+
+
 def tune(window: ExitWindow, profile: LatencyProfile, constraint: float = DEFAULT_CONSTRAINT,
          start: Sequence[float] | None = None, floor: float = DEFAULT_FLOOR,
          initial_step: float = DEFAULT_INITIAL_STEP,
          max_threshold: float = DEFAULT_MAX_THRESHOLD, max_rounds: int = 10_000,
-         replay: Replay | None = None, native: bool | None = None) -> TuneResult:
+         replay: Replay | None = None, climb: Climb | None = None) -> TuneResult:
     """Greedy hill climb (§3.2, Algorithm 1) for the thresholds with the largest latency savings
     whose agreement with the final model stays >= 1 - constraint on this window
-    (``replay``: the caller's ``Replay`` of this window and profile, to reuse). ``native``:
-    climb in compiled code (``climb.c``, the same decisions) or in Python; None = compiled
-    when it is available here."""
+    (``replay``: the caller's ``Replay`` of this window and profile, to reuse). ``climb``: the
+    engine that runs the climb, e.g. ``climb_native.compiled_climb`` (the same decisions,
+    faster); None = the reference climb in Python."""
     check_constraint(constraint)
     if not 0 < floor <= initial_step:
         raise ValueError(f"need 0 < floor <= initial_step, got floor={floor}, step={initial_step}")
@@ -256,37 +265,8 @@ def tune(window: ExitWindow, profile: LatencyProfile, constraint: float = DEFAUL
     r, n = rp.n_ramps, rp.n_samples
     allowed = allowed_disagreements(n, constraint)
     th = [min(float(t), max_threshold) for t in as_thresholds(start, r, "start")]
-    if native is None:
-        native = climb_native.enabled()
-    if native:
-        return _climb_compiled(rp, th, allowed, floor, initial_step, max_threshold, max_rounds)
-    return _climb_python(rp, th, allowed, floor, initial_step, max_threshold, max_rounds)
-
-
-def _climb_compiled(rp: Replay, th: list[float], allowed: int, floor: float,
-                    initial_step: float, max_threshold: float, max_rounds: int) -> TuneResult:
-    # any order of tied scores does: a threshold never splits a tie (it passes all or none),
-    # and the default sort is several times faster than a stable one
-    order = np.argsort(rp.score, axis=1)
-    wrong = ~rp.agree  # last row: the model, never wrong
-    c = climb_native.climb(np.take_along_axis(rp.score, order, axis=1), order, wrong,
-                           rp.exit_lat, th, allowed, floor, initial_step, max_threshold,
-                           max_rounds)
-    n, ids = rp.n_samples, rp.window.ramp_ids
-    lat_ms = rp.exit_lat.tolist()
-    lat, covered = 0.0, 0
-    for k in range(rp.n_ramps):  # as _Bits.evaluation forms it
-        lat += c.counts[k] * lat_ms[k]
-        covered += c.counts[k]
-    mean = (lat + (n - covered) * lat_ms[rp.n_ramps]) / n
-    ev = Evaluation(agreement=1.0 - c.disagreements / n, mean_latency_ms=mean,
-                    exit_rates=tuple(x / n for x in c.counts[: rp.n_ramps]),
-                    savings_ms=rp.profile.full_ms - mean, disagreements=c.disagreements,
-                    samples=n)
-    moves = tuple(Move(round=rnd, ramp_id=ids[i], threshold=t, step=st, gain_ms=g / n,
-                       loss=loss / n) for rnd, i, t, st, g, loss in c.moves)
-    return TuneResult(thresholds=tuple(c.thresholds), evaluation=ev, rounds=c.rounds,
-                      moves=moves, steps=tuple(c.steps), start=tuple(c.start))
+    run = climb if climb is not None else _climb_python
+    return run(rp, th, allowed, floor, initial_step, max_threshold, max_rounds)
 
 
 def _climb_python(rp: Replay, th: list[float], allowed: int, floor: float,

@@ -24,18 +24,22 @@ import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from schemas import subjects
-from schemas.messages import Batch, ExitConfig, Results, decode_map, encode_map, encode_reply
+from schemas import errors, subjects
+from schemas.errors import ServingError
+from schemas.heartbeat import Heartbeat
+from schemas.messages import Batch, ExitConfig, Results, decode_map, encode_reply
+from schemas.telemetry import SampleTelemetry
 from services.common import bus, logs
 from services.common.background import run_low
 from services.common.config import Config
 from services.common.hotpath import flush_now, publish_many, publish_now, subscribe_direct
-from services.common.runtime import spawn
-from services.models.manifest import Manifest
-from services.models.runtime import StageRuntime, spin_for
-from services.worker.exits import initial_config, initial_ramps, ramp_outcome
+from services.common.service_loop import spawn
+from services.exits.decide import ramp_outcome
+from services.exits.initial import initial_config, initial_ramps
+from services.runtime.manifest import Manifest
+from services.runtime.stage import StageRuntime, spin_for
 from services.worker.feedback_backlog import FeedbackBacklog, SetAside
-from services.worker.stage_exec import execute
+from services.worker.stage_exec import StageOutcome, execute
 from services.worker.telemetry import TelemetryBuffer
 
 STORE_HEARTBEAT_S = 2.0
@@ -58,6 +62,13 @@ def plan_stages(n_blocks: int, cuts: list[int]) -> list[tuple[int, int]]:
     """Block ranges for cut points: cuts [4, 9] over 12 blocks -> [(0,4), (4,9), (9,12)]."""
     bounds = [0] + sorted({c for c in cuts if 0 < c < n_blocks}) + [n_blocks]
     return list(itertools.pairwise(bounds))
+
+
+def ramp_records(out: StageOutcome, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ramp top-1 labels and exit scores of every ramp evaluated so far, R x N."""
+    pred = np.stack(out.ramp_pred) if out.ramp_pred else np.zeros((0, n), np.int32)
+    score = np.stack(out.ramp_score) if out.ramp_score else np.zeros((0, n), np.float32)
+    return pred, score
 
 
 class Worker:
@@ -206,7 +217,7 @@ class Worker:
         try:
             await self.loop.run_in_executor(None, self.compute, item.batch, item.config,
                                             item.received, item)
-        except Exception as exc:  # noqa: BLE001 - no one waits for it: say so, go on
+        except Exception as exc:
             self.log.error("feedback re-run failed batch=%s error=%r", item.batch.batch_id, exc,
                            exc_info=exc)
         finally:
@@ -220,27 +231,53 @@ class Worker:
 
     def _fail(self, batch: Batch, exc: Exception) -> None:
         self.log.error("batch failed batch=%s error=%r", batch.batch_id, exc, exc_info=exc)
+        code = exc.code if isinstance(exc, ServingError) else errors.INTERNAL
         self._publish([(batch.router, Results(
             batch.batch_id, self.id, self.plan.stage, batch.ids, np.zeros(0), np.zeros(0),
             np.zeros(0), None, False, self.config.version, release=self.plan.stage == 0,
-            error={"code": "payload_too_large" if "max_payload" in str(exc) else "internal",
-                   "message": repr(exc)}).encode())])
+            error={"code": code, "message": repr(exc)}).encode())])
 
     def compute(self, batch: Batch, config: ExitConfig, received: float,
                 rerun: SetAside | None = None) -> None:
         """Run this stage on one batch (called in a worker thread) and publish what it yields;
         ``rerun``: a set-aside batch, run again for its feedback only."""
-        n = len(batch.ids)
+        exit_at = self.exit_rows_of(batch, rerun)
+        out = self.run_stage(batch, config, received, exit_at, rerun)
+        if out is None:  # gave way to a waiting request: set aside, its feedback comes later
+            return
         if rerun is not None:
-            exit_at = rerun.exit_at.copy()
-        else:
-            exit_at = (np.full(n, -1, dtype=np.int32) if batch.exit_at is None
-                       else np.array(batch.exit_at, dtype=np.int32))
+            self.backlog.rerun += 1
+        stage_ms = batch.stage_ms + [out.ms]
+        if not self.plan.is_last:
+            self.forward_to_next_stage(batch, config, received, out, stage_ms)
+            return
+        labels, scores = ramp_outcome(out.output, config.score)
+        if rerun is None:  # answer first: the telemetry below is bookkeeping
+            self.answer_finals(batch, config, received, out, labels, scores)
+        self.record_telemetry(batch, config, out, labels, scores, stage_ms)
+
+    @staticmethod
+    def exit_rows_of(batch: Batch, rerun: SetAside | None) -> np.ndarray:
+        """Per sample, the ramp whose early result was already sent (-1: none)."""
+        if rerun is not None:
+            return rerun.exit_at.copy()
+        n = len(batch.ids)
+        return (np.full(n, -1, dtype=np.int32) if batch.exit_at is None
+                else np.array(batch.exit_at, dtype=np.int32))
+
+    def model_inputs_of(self, batch: Batch) -> dict[str, np.ndarray]:
+        """The model inputs this stage's blocks (and later stages') may read."""
+        return batch.inputs if self.plan.stage == 0 else batch.carry
+
+    def run_stage(self, batch: Batch, config: ExitConfig, received: float, exit_at: np.ndarray,
+                  rerun: SetAside | None) -> StageOutcome | None:
+        """This stage's blocks and ramps, each early result sent as its ramp passes; None
+        when the run gave way to a waiting request (it is set aside for a feedback re-run)."""
         # only the last stage knows the rest is feedback (earlier ones feed later stages);
         # an inline batch is too short to be worth cutting
         may_cut = (self.plan.is_last and self.backlog.enabled and not self.stopping
                    and not self.inline)
-
+        first = self.plan.stage == 0
         # no RunOptions on the request path unless this run may give way
         with self.runtime.interruptible() if may_cut else nullcontext() as run_options:
             def only_feedback_left() -> None:
@@ -256,15 +293,13 @@ class Worker:
 
             if may_cut and rerun is not None:
                 only_feedback_left()
-            first = self.plan.stage == 0
-            model_inputs = batch.inputs if first else batch.carry
             try:
-                out = execute(self.runtime, self.ramps, self.plan.first_block,
-                              self.plan.last_block, batch.inputs if first else batch.inputs["x"],
-                              exit_at, config, on_early, batch.ramp_ids,
-                              None if batch.ramp_pred is None else list(batch.ramp_pred),
-                              None if batch.ramp_score is None else list(batch.ramp_score),
-                              model_inputs)
+                return execute(self.runtime, self.ramps, self.plan.first_block,
+                               self.plan.last_block, batch.inputs if first else batch.inputs["x"],
+                               exit_at, config, on_early, batch.ramp_ids,
+                               None if batch.ramp_pred is None else list(batch.ramp_pred),
+                               None if batch.ramp_score is None else list(batch.ramp_score),
+                               self.model_inputs_of(batch))
             except Exception:
                 if run_options is None or not run_options.terminate:
                     raise
@@ -273,62 +308,71 @@ class Worker:
                                        rerun is not None)
                 if rerun is None and first:
                     self._release(batch, config)
-                return
+                return None
             finally:
                 self.backlog.run_over()
-        if rerun is not None:
-            self.backlog.rerun += 1
-        stage_ms = batch.stage_ms + [out.ms]
-        if self.plan.is_last:
-            logits = out.output
-            labels, score = ramp_outcome(logits, config.score)
-            if rerun is None:  # answer first: the records below are bookkeeping
-                rest = np.flatnonzero(out.exit_at < 0)
-                finals = (labels, score, logits) if len(rest) == n else \
-                    (labels[rest], score[rest], logits[rest])
-                self._answer(batch, config, received, rest, finals[0], finals[1],
-                             np.full(len(rest), -1, dtype=np.int32), finals[2], early=False,
-                             release=self.plan.stage == 0)
-        ramp_pred = np.stack(out.ramp_pred) if out.ramp_pred else np.zeros((0, n), np.int32)
-        ramp_score = np.stack(out.ramp_score) if out.ramp_score else np.zeros((0, n), np.float32)
-        if not self.plan.is_last:
-            waited = (time.monotonic() - received) * 1e3
-            nxt = Batch(batch.batch_id, batch.model, self.plan.stage + 1, batch.router, batch.ids,
-                        config.version, {"x": np.ascontiguousarray(out.output)}, out.ramp_ids,
-                        ramp_pred, ramp_score, out.exit_at, stage_ms,
-                        {k: model_inputs[k] for k in self.carry}, batch.replies,
-                        [a + waited for a in batch.ages_ms]).encode()
-            if len(nxt) > self.nc.max_payload:
-                raise ValueError(f"activations after block {self.plan.last_block - 1} are "
-                                 f"{len(nxt)} bytes, over the NATS max_payload of "
-                                 f"{self.nc.max_payload}: cut the model later or use smaller batches")
-            self._publish_threadsafe([(subjects.stage(self.plan.model, self.plan.stage + 1), nxt)])
-            if self.plan.stage == 0:
-                self._release(batch, config)
-            return
-        part = {
-            "model": self.plan.model, "worker": self.id, "batch_id": batch.batch_id,
-            "config_version": config.version, "mode": config.mode, "score": config.score,
-            "thresholds": {int(k): float(v) for k, v in config.thresholds.items()},
-            "active": list(config.active), "ids": batch.ids, "ramp_ids": out.ramp_ids, "ramp_pred": ramp_pred,
-            "ramp_score": ramp_score, "exit_at": out.exit_at, "final_pred": labels, "final_score": score,
-            "batch_size": n, "stage_ms": stage_ms, "t": time.time()}
+
+    def answer_finals(self, batch: Batch, config: ExitConfig, received: float,
+                      out: StageOutcome, labels: np.ndarray, scores: np.ndarray) -> None:
+        """Final-layer results for the samples that got no early one."""
+        rest = np.flatnonzero(out.exit_at < 0)
+        logits = out.output
+        if len(rest) < len(batch.ids):
+            labels, scores, logits = labels[rest], scores[rest], logits[rest]
+        self._answer(batch, config, received, rest, labels, scores,
+                     np.full(len(rest), -1, dtype=np.int32), logits, early=False,
+                     release=self.plan.stage == 0)
+
+    def forward_to_next_stage(self, batch: Batch, config: ExitConfig, received: float,
+                              out: StageOutcome, stage_ms: list[float]) -> None:
+        """The activation, the ramp records so far and the model inputs later blocks read
+        go to the next stage (any of its workers)."""
+        ramp_pred, ramp_score = ramp_records(out, len(batch.ids))
+        waited = (time.monotonic() - received) * 1e3
+        model_inputs = self.model_inputs_of(batch)
+        nxt = Batch(batch.batch_id, batch.model, self.plan.stage + 1, batch.router, batch.ids,
+                    config.version, {"x": np.ascontiguousarray(out.output)}, out.ramp_ids,
+                    ramp_pred, ramp_score, out.exit_at, stage_ms,
+                    {k: model_inputs[k] for k in self.carry}, batch.replies,
+                    [a + waited for a in batch.ages_ms]).encode()
+        if len(nxt) > self.nc.max_payload:
+            raise ServingError(errors.PAYLOAD_TOO_LARGE,
+                               f"activations after block {self.plan.last_block - 1} are "
+                               f"{len(nxt)} bytes, over the NATS max_payload of "
+                               f"{self.nc.max_payload}: cut the model later or use smaller "
+                               f"batches")
+        self._publish_threadsafe([(subjects.stage(self.plan.model, self.plan.stage + 1), nxt)])
+        if self.plan.stage == 0:
+            self._release(batch, config)
+
+    def record_telemetry(self, batch: Batch, config: ExitConfig, out: StageOutcome,
+                         labels: np.ndarray, scores: np.ndarray, stage_ms: list[float]) -> None:
+        """This batch's sample telemetry, handed to the coalescing buffer on the event loop."""
+        n = len(batch.ids)
+        ramp_pred, ramp_score = ramp_records(out, n)
+        part = SampleTelemetry(
+            model=self.plan.model, worker=self.id, batch_id=batch.batch_id,
+            batch_ids=[batch.batch_id], batch_sizes=[n], config_version=config.version,
+            mode=config.mode, score=config.score, thresholds=dict(config.thresholds),
+            active=list(config.active), ids=batch.ids, ramp_ids=out.ramp_ids,
+            ramp_pred=ramp_pred, ramp_score=ramp_score, exit_at=out.exit_at, final_pred=labels,
+            final_score=scores, batch_size=n, stage_ms=[stage_ms], t=time.time())
         if self.inline:
             self._add_telemetry(part)
         else:
             self.loop.call_soon_threadsafe(self._add_telemetry, part)
 
-    def _add_telemetry(self, part: dict) -> None:
+    def _add_telemetry(self, part: SampleTelemetry) -> None:
         """Coalesce telemetry (services/worker/telemetry.py); on the event loop, after the
         results it describes."""
-        self._publish([(subjects.telemetry_samples(self.plan.model), encode_map(**msg))
+        self._publish([(subjects.telemetry_samples(self.plan.model), msg.encode())
                        for msg in self.telemetry.add(part, time.monotonic())])
 
     async def telemetry_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await asyncio.sleep(self.telemetry.max_age_s / 2)
             if (msg := self.telemetry.due(time.monotonic())) is not None:
-                self._publish([(subjects.telemetry_samples(self.plan.model), encode_map(**msg))])
+                self._publish([(subjects.telemetry_samples(self.plan.model), msg.encode())])
 
     def _answer(self, batch: Batch, config: ExitConfig, received: float, idx: np.ndarray,
                 labels: np.ndarray, scores: np.ndarray, exits: np.ndarray, logits: np.ndarray,
@@ -369,13 +413,13 @@ class Worker:
                 self.log.warning("heartbeat late %s", logs.kv(
                     gap_ms=round(gap_ms), busy=self.busy, queued=self.queue.qsize(),
                     config_version=self.config.version))
-            await self.nc.publish(subjects.HEARTBEAT, encode_map(
+            await self.nc.publish(subjects.HEARTBEAT, Heartbeat(
                 worker=self.id, model=self.plan.model, stage=self.plan.stage,
-                stages=self.plan.stages, first_block=self.plan.first_block,
-                last_block=self.plan.last_block, capacity=self.cfg.worker_credit, pid=pid, host=host,
-                busy=self.busy, queued=self.queue.qsize(), batches=self.batches,
+                stages=self.plan.stages, capacity=self.cfg.worker_credit,
+                first_block=self.plan.first_block, last_block=self.plan.last_block, pid=pid,
+                host=host, busy=self.busy, queued=self.queue.qsize(), batches=self.batches,
                 set_aside=len(self.backlog), gave_way=self.backlog.cut,
-                config_version=self.config.version, t=time.time()))
+                config_version=self.config.version, t=time.time()).encode())
             if self.store is not None and now - last_store > STORE_HEARTBEAT_S:
                 last_store = now
                 spawn(asyncio.to_thread(self._store_heartbeat, host, pid, "up"), self.tasks, self.log)
@@ -435,7 +479,7 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
         log.info("feedback runs set aside for waiting requests %s",
                  logs.kv(cut=worker.backlog.cut, rerun=worker.backlog.rerun))
     if worker.telemetry.parts:  # nothing measured is dropped at shutdown
-        await nc.publish(subjects.telemetry_samples(model), encode_map(**worker.telemetry.take()))
+        await nc.publish(subjects.telemetry_samples(model), worker.telemetry.take().encode())
     await asyncio.to_thread(worker._store_heartbeat, socket.gethostname(), os.getpid(), "stopped")
     await bus.close(nc)
     store.close()

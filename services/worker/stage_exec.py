@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from schemas.messages import ExitConfig
-from services.models.runtime import active_in_order, as_numpy, block_ranges, ramps_after_blocks
-from services.worker.exits import exits_at, ramp_outcome
+from services.exits.decide import exits_at, ramp_outcome
+from services.runtime.stage import active_in_order, as_numpy, block_ranges, ramps_after_blocks
+from services.runtime.taps import tap_plan
 
 # on_early(ramp, sample_indices, labels, scores, logits) for samples that exit at ``ramp``
 EarlyCallback = Callable[[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
@@ -57,7 +58,6 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
     whole = tapped is not None and (first, last) == (runtime.first_block, runtime.last_block)
     sess = tapped(here) if here and whole else None
     if sess is not None:  # one call; each tap decides its exits as its head finishes
-        from services.models.taps import tap_plan
 
         plan = tap_plan(tuple((r, config.thresholds.get(r, 0.0)) for r in here), config.score)
         x, outcomes = runtime.run_tapped(sess, x, model_inputs, plan, exit_at, on_early)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.e2e.conftest import REPO
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.e2e.conftest import REPO
 
 pytestmark = pytest.mark.e2e
 
@@ -23,7 +23,7 @@ def test_bench_overhead_writes_the_documented_figures(models_dir, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "services.cli", "bench", "overhead", "--model", "tiny",
          "--requests", "30", "--duration", "0.5", "--concurrency", "8", "--json", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["mode"] == "live"

@@ -13,22 +13,18 @@ import pytest
 
 from schemas.codec import unpack
 from services.common import bus
-from services.common.load import drive
-from tests.conftest import Stack, wait_for
+from services.loadgen.drive import drive
+from tests.e2e.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
 MODEL = "efficientnet-lite0"
 
 
-@pytest.fixture(scope="module")
-def stack(models_dir, tmp_path_factory):
-    s = Stack(tmp_path_factory.mktemp("effnet"), MODEL, models_dir, ["--replicas", "2"])
-    yield s
-    s.stop()
+STACK_ARGS = ["--replicas", "2"]
 
 
 def _frames(n: int, seed: int) -> list[dict[str, np.ndarray]]:
-    from services.models.zoo import sample_inputs
+    from services.zoo.registry import sample_inputs
 
     batch = sample_inputs(MODEL, n, seed=seed)
     return [{"image": batch["image"][i]} for i in range(n)]

@@ -15,18 +15,14 @@ import pytest
 from schemas.codec import pack, unpack
 from services.common import bus
 from services.common.client import models as list_models
-from services.common.load import drive
-from tests.conftest import Stack, wait_for
+from services.loadgen.drive import drive
+from tests.e2e.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
 MODEL = "tiny"
 
 
-@pytest.fixture(scope="module")
-def stack(models_dir, tmp_path_factory):
-    s = Stack(tmp_path_factory.mktemp("tiny"), MODEL, models_dir, ["--split", "tiny=2"])
-    yield s
-    s.stop()
+STACK_ARGS = ["--split", "tiny=2"]
 
 
 def _x(seed: int = 0, shape=(16,), dtype=np.float32) -> np.ndarray:

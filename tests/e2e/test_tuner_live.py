@@ -8,27 +8,21 @@ import asyncio
 import os
 import signal
 
-import pytest
-
 from services.common import bus
-from services.common.load import drive
-from tests.conftest import Stack, wait_for
+from services.loadgen.drive import drive
+from tests.e2e.conftest import Stack, wait_for
 
 MODEL = "efficientnet-lite0"
 
 
-@pytest.fixture(scope="module")
-def stack(models_dir, tmp_path_factory):
-    # A ramp's serving cost on this CPU (its stage splits there) is several % of the model,
-    # over the default 2% budget: allow a few so the loop has ramps to tune and adjust.
-    s = Stack(tmp_path_factory.mktemp("adapt"), MODEL, models_dir, ["--adapt"],
-              env={"OFFRAMP_RAMP_BUDGET": "0.25"})
-    yield s
-    s.stop()
+STACK_ARGS = ["--adapt"]
+# A ramp's serving cost on a small CPU can exceed the default 2% budget: allow a few so the
+# loop has ramps to tune and adjust.
+STACK_ENV = {"OFFRAMP_RAMP_BUDGET": "0.25"}
 
 
 def _send(stack: Stack, n: int, seed: int) -> list:
-    from services.models.zoo import sample_inputs
+    from services.zoo.registry import sample_inputs
 
     frames = sample_inputs(MODEL, n, seed=seed)["image"]
 

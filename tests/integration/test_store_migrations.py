@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
 from services.store import migrate
 from services.store.db import make_engine
-from services.store.models import Base
-from services.store.testing import backend_params, temp_database
+from services.store.tables import Base
 
 TABLES = {
     "models",
@@ -32,10 +29,6 @@ TABLES = {
 }
 
 
-@pytest.fixture(params=backend_params())
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    with temp_database(request.param, tmp_path) as u:
-        yield u
 
 
 def _tables(url: str) -> set[str]:

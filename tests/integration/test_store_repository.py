@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -12,10 +11,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
-from services.store import ExitConfigRow, Store, migrate
+from services.store import ExitConfigRow, Store
 from services.store.db import utcnow
-from services.store.models import Request
-from services.store.testing import backend_params, temp_database
+from services.store.tables import Request
 
 MANIFEST: dict[str, Any] = {
     "name": "tiny",
@@ -52,13 +50,6 @@ MANIFEST: dict[str, Any] = {
 }
 
 
-@pytest.fixture(params=backend_params())
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    with temp_database(request.param, tmp_path) as url:
-        migrate.upgrade(url)
-        s = Store(url)
-        yield s
-        s.close()
 
 
 def test_register_model_round_trip_and_idempotent(store: Store, tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ import copy
 import dataclasses
 import json
 import logging
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -19,12 +18,11 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 
 from services.common import config
-from services.models.manifest import Manifest
 from services.profiler.service import Profiler, expected_keys
+from services.runtime.manifest import Manifest
 from services.store import Store, migrate
 from services.store.db import make_engine, utcnow
-from services.store.models import Base, RampUtility
-from services.store.testing import backend_params, temp_database
+from services.store.tables import Base, RampUtility
 
 NEW_TABLES = {"latency_profiles", "ramp_utilities", "tuner_state"}
 RAMP_COLUMNS_0001 = ["id", "model_id", "idx", "site", "arch", "params", "agreement", "cost_ms"]
@@ -62,18 +60,8 @@ MANIFEST: dict[str, Any] = {
 }
 
 
-@pytest.fixture(params=backend_params())
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    with temp_database(request.param, tmp_path) as u:
-        yield u
 
 
-@pytest.fixture
-def store(url: str) -> Iterator[Store]:
-    migrate.upgrade(url)
-    s = Store(url)
-    yield s
-    s.close()
 
 
 def _schema(url: str) -> tuple[set[str], list[str], dict[str, set[tuple[str, ...]]]]:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from services.models import arrivals as arr
+from services.workloads import arrivals as arr
 
 
 def _gaps(times: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ from services.bench.live_metrics import (
     oracle_latency,
     run_summary,
 )
-from services.common.load import Outcome, attach_serving
+from services.loadgen.drive import Outcome, attach_serving
 
 
 def _out(i: int, label: int, ms: float = 10.0, ok: bool = True, early: bool = False,

@@ -2,7 +2,7 @@
 
 No Docker engine is needed: the files are parsed and each service's command is run
 through the CLI's own argparse parser, so renaming or removing a subcommand in
-services/cli.py breaks this test instead of a cluster start.
+services/cli/main.py breaks this test instead of a cluster start.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.cli import build_parser
+from services.cli.main import build_parser
 from services.common import config as config_mod
-from services.models.zoo import ZOO
+from services.zoo.registry import ZOO
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -147,15 +147,15 @@ def test_env_file_names_known_variables():
 
 def test_nats_conf_has_jetstream_and_max_payload():
     text = NATS_CONF.read_text()
-    assert re.search(r"^\s*jetstream\s*[{:]", text, re.M)
+    assert re.search(r"^\s*jetstream\s*[{:]", text, re.MULTILINE)
     assert re.search(r"store_dir\s*:\s*/data", text)
-    assert re.search(r"^\s*max_payload\s*:\s*8MB\s*$", text, re.M)
-    assert re.search(r"^\s*http_port\s*:\s*8222\s*$", text, re.M)
+    assert re.search(r"^\s*max_payload\s*:\s*8MB\s*$", text, re.MULTILINE)
+    assert re.search(r"^\s*http_port\s*:\s*8222\s*$", text, re.MULTILINE)
 
 
 def test_dockerfile_entrypoint_and_prepare_commands():
     text = DOCKERFILE.read_text()
-    assert re.search(r'^ENTRYPOINT \["offramp"\]', text, re.M)
+    assert re.search(r'^ENTRYPOINT \["offramp"\]', text, re.MULTILINE)
     assert "pip install torch==2.13.0" in text
     assert text.index("torch==2.13.0") < text.index("pip install -e .")
     prepares = re.findall(r"offramp (prepare [\w-]+)", text)

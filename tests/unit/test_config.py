@@ -2,9 +2,8 @@
 
 import pytest
 
-from services.cli import main
 from services.common import config as config_mod
-from services.common.supervisor import Deployment, Supervisor
+from services.launcher.supervisor import Deployment, Supervisor
 
 
 def test_ort_spin_defaults_to_off_and_reaches_child_services(monkeypatch):
@@ -24,12 +23,6 @@ def test_bad_settings_are_config_errors_that_name_the_variable(monkeypatch):
     monkeypatch.setenv("OFFRAMP_MAX_BATCH", "many")
     with pytest.raises(config_mod.ConfigError, match="many"):
         config_mod.load()
-
-
-def test_cli_reports_a_bad_setting_without_a_traceback(monkeypatch, capsys):
-    monkeypatch.setenv("OFFRAMP_ORT_SPIN", "sometimes")
-    assert main(["status"]) == 2
-    assert "error: OFFRAMP_ORT_SPIN='sometimes'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("setting", "deployment", "workers", "want"), [

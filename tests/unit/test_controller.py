@@ -8,9 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from services.tuner.controller import Decision, ExitController
+from services.exits.exit_window import ExitWindow
+from services.exits.latency_profile import LatencyProfile
+from services.tuner.controller import ExitController, TunerDecision
 from services.tuner.thresholds import evaluate, meets, tune
-from services.tuner.window import ExitWindow, LatencyProfile
 
 # 4 sites of a 10 ms model; a ramp costs 0.05 ms (budget 2% = 0.2 ms: up to 4 ramps)
 PROFILE = LatencyProfile.build([2.0, 4.0, 6.0, 8.0, 10.0], [0.05] * 4)
@@ -115,7 +116,7 @@ def test_no_slack_tune_without_enough_samples_for_the_active_ramps() -> None:
 
 def test_adjust_runs_every_128_samples() -> None:
     c = ctl()
-    got: list[Decision] = []
+    got: list[TunerDecision] = []
     for i in range(127):
         got += c.observe(batch((1, 2), 1, seed=100 + i))
     assert not [d for d in got if d.kind == "adjust"]

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from services.models.manifest import BlockSpec, Manifest, RampSpec, TensorSpec, sha256_bytes
+from services.runtime.manifest import BlockSpec, Manifest, RampSpec, TensorSpec, sha256_bytes
 
 
 def make(tmp_path: Path) -> Manifest:

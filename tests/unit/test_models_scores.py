@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from services.models.scores import exit_score, softmax, softmax_top1
+from services.exits.scores import exit_score, softmax, softmax_top1
 
 
 def test_softmax_top1_hand_computed():

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from services.models.workloads import (
+from services.workloads.frames import (
     iter_video_frames,
     parse_scene_frames,
     photos,
@@ -52,8 +52,8 @@ def test_uint8_frames_are_the_float_frames_as_pixels():
 
 
 def test_image_input_names_size_and_dtype():
-    from services.models.manifest import TensorSpec
-    from services.models.workloads import image_input
+    from services.runtime.manifest import TensorSpec
+    from services.workloads.frames import image_input
 
     assert image_input([TensorSpec("image", "|u1", [3, 224, 224])]) == ("image", 224, "uint8")
     assert image_input([TensorSpec("img", "<f4", [3, 32, 32])]) == ("img", 32, "float32")
@@ -82,10 +82,3 @@ def test_scene_frames_parse_and_bound_scene_lengths():
         plan(10, min_scene=8, max_scene=4)
 
 
-def test_trace_record_rejects_bad_scene_frames(models_dir, capsys):
-    from services.sim import trace_cli
-
-    rc = trace_cli.main(["record", "--model", "tiny", "--workload", "video", "--n", "4",
-                         "--scene-frames", "9:3", "--out", "unused.npz",
-                         "--models-dir", str(models_dir)])
-    assert rc == 2 and "scene frames must be MIN:MAX" in capsys.readouterr().err

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.monitor.windows import SampleBatch, WindowTracker
+from schemas.messages import decode_map
+from schemas.telemetry import SampleTelemetry
+from services.monitor.profile_windows import SampleBatch, WindowTracker
 
 
 def _batch(key: str, exit_at, ramp_pred, final, version: int = 1, t: float = 100.0) -> SampleBatch:
@@ -15,6 +17,19 @@ def _batch(key: str, exit_at, ramp_pred, final, version: int = 1, t: float = 100
 
 def test_answers_use_the_exit_ramp_prediction():
     b = _batch("1", [0, -1, 1], [[5, 5, 5], [7, 7, 8]], [5, 6, 7])
+    assert b.answers().tolist() == [5, 6, 8]
+
+
+def test_a_sample_telemetry_message_is_one_sample_batch():
+    tel = SampleTelemetry(
+        model="m", worker="w", batch_id="b", batch_ids=["b"], batch_sizes=[3], config_version=2,
+        mode="latency", score="max_softmax", thresholds={0: 0.1, 1: 0.1}, active=[0, 1],
+        ids=["a", "b", "c"], ramp_ids=[0, 1], ramp_pred=np.array([[5, 5, 5], [7, 7, 8]], np.int32),
+        ramp_score=np.zeros((2, 3), np.float32), exit_at=np.array([0, -1, 1], np.int32),
+        final_pred=np.array([5, 6, 7], np.int32), final_score=np.zeros(3, np.float32),
+        batch_size=3, stage_ms=[[0.5]], t=100.0)
+    b = SampleBatch.of("9", SampleTelemetry.decode(decode_map(tel.encode())))
+    assert (b.key, b.model, b.config_version, b.t, b.ramp_ids) == ("9", "m", 2, 100.0, [0, 1])
     assert b.answers().tolist() == [5, 6, 8]
 
 

@@ -8,7 +8,7 @@ import pytest
 from schemas.errors import ServingError
 from services.router.edf_queue import EDFQueue, Pending, QueueFull
 from services.router.model_specs import ModelSpec, TensorContract
-from services.router.policy import Decision, FixedBatchPolicy, QueueView, make_policy
+from services.router.policy import BatchDecision, FixedBatchPolicy, QueueView, make_policy
 from services.router.workers import Inflight, WorkerRegistry
 
 
@@ -39,18 +39,18 @@ def test_edf_expire_and_oldest():
 
 
 @pytest.mark.parametrize("view,expected", [
-    (QueueView(0, 0, 100, 5), Decision(0)),
-    (QueueView(20, 0, 100, 5), Decision(8)),                 # full batch available
-    (QueueView(3, 0, 100, 5), Decision(0, wait_ms=4.0)),     # wait for more (timeout 4 ms)
-    (QueueView(3, 4.0, 100, 5), Decision(3)),                # waited long enough
-    (QueueView(3, 1.0, 2.0, 5), Decision(3)),                # no slack to wait
+    (QueueView(0, 0, 100), BatchDecision(0)),
+    (QueueView(20, 0, 100), BatchDecision(8)),                 # full batch available
+    (QueueView(3, 0, 100), BatchDecision(0, wait_ms=4.0)),     # wait for more (timeout 4 ms)
+    (QueueView(3, 4.0, 100), BatchDecision(3)),                # waited long enough
+    (QueueView(3, 1.0, 2.0), BatchDecision(3)),                # no slack to wait
 ])
 def test_fixed_batch_policy(view, expected):
     assert FixedBatchPolicy(max_batch=8, timeout_ms=4.0).decide(view) == expected
 
 
 def test_fixed_policy_zero_timeout_dispatches_at_once():
-    assert FixedBatchPolicy(max_batch=8, timeout_ms=0).decide(QueueView(1, 0, 100, 5)) == Decision(1)
+    assert FixedBatchPolicy(max_batch=8, timeout_ms=0).decide(QueueView(1, 0, 100)) == BatchDecision(1)
 
 
 def test_unknown_policy_is_a_clear_error():

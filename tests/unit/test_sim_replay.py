@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from services.sim.replay import (
-    _event_loop,
-    _threshold_server,
+    event_loop,
     fastest_pass,
     make_controller,
     run_hindsight,
@@ -18,6 +17,7 @@ from services.sim.replay import (
     run_static,
     run_vanilla,
     static_threshold,
+    threshold_server,
     window_agreements,
 )
 from services.sim.trace import Trace, TraceError
@@ -126,7 +126,7 @@ def _finishes(tr: Trace, backlog: int) -> tuple[np.ndarray, list[tuple[int, floa
         got.append((i, round(t * 1e3, 6)))
         return []
 
-    lat, _, _ = _event_loop(tr, tr.arrival_s, _threshold_server(tr, lambda i: cfg), done,
+    lat, _, _ = event_loop(tr, tr.arrival_s, threshold_server(tr, lambda i: cfg), done,
                             backlog)
     return lat, got
 
@@ -233,41 +233,3 @@ def test_unknown_policy_and_missing_arrivals() -> None:
     assert arrivals_for(tr, "constant:100").tolist() == [0.01, 0.02, 0.03, 0.04]
 
 
-def test_bench_apparate_writes_json_and_svg(tmp_path, capsys) -> None:
-    import json
-    import xml.etree.ElementTree as ET
-
-    from services.bench import apparate
-
-    path = easy(n=300).save(tmp_path / "easy.npz")
-    out, svg = tmp_path / "out.json", tmp_path / "plot.svg"
-    assert apparate.main(["--trace", str(path), "--json", str(out), "--plot", str(svg),
-                          "--grid-rounds", "2"]) == 0
-    doc = json.loads(out.read_text())
-    assert doc["mode"] == "replay simulation" and "replay simulation" in capsys.readouterr().out
-    for name in ("vanilla", "static", "offramp", "hindsight", "oracle"):
-        assert {"p25_ms", "p50_ms", "p95_ms", "agreement", "worst_window_agreement"} <= set(
-            doc[name])
-    assert {"tuning_ms_p50", "adjust_ms_p50", "grid_gap", "machine"} <= set(doc)
-    assert ET.parse(svg).getroot().tag.endswith("svg")
-    assert apparate.main(["--trace", str(tmp_path / "nope.npz"), "--json", str(out)]) == 2
-    assert doc["feedback_backlog"] == 8 and doc["timing_passes"] == 3
-    for live in ([], ["--live", "--workload", "video"]):  # checked before anything starts
-        assert apparate.main(["--trace", str(path), "--json", str(out),
-                              "--feedback-backlog", "-1", *live]) == 2
-        assert "--feedback-backlog must be >= 0" in capsys.readouterr().err
-
-
-def test_bench_apparate_defaults_to_light_load_without_arrivals(tmp_path, capsys) -> None:
-    import json
-
-    from services.bench import apparate
-
-    tr = easy(n=200)
-    bare = Trace(tr.ramp_pred, tr.ramp_score, tr.final_pred, tr.prefix_ms, tr.ramp_cost_ms, None)
-    path = bare.save(tmp_path / "bare.npz")
-    out = tmp_path / "out.json"
-    assert apparate.main(["--trace", str(path), "--json", str(out), "--grid-rounds", "0"]) == 0
-    doc = json.loads(out.read_text())
-    assert doc["arrivals"] == "poisson:20"  # 20% of a 10 ms model's 100 req/s
-    assert "no arrival_s" in capsys.readouterr().err

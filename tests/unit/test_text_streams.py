@@ -6,15 +6,14 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from services.models import text_corpus as tc
-from services.models.streams import make_stream
-from services.models.text_streams import category_mix, stream_labels, text_stream
+from services.workloads import text_corpus as tc
+from services.workloads.streams import make_stream
+from services.workloads.text_streams import category_mix, stream_labels, text_stream
 
 TOPICS = ("apples", "boats", "clouds", "drums")
 
@@ -185,7 +184,7 @@ def test_make_stream_video_is_lazy_and_repeatable() -> None:
     assert first[0][3].shape == (3, 32, 32) and first[0][3].dtype == np.float32
     again = list(s)
     assert all(np.array_equal(a[3], b.frame) for a, (_, b) in zip(first, again))
-    from services.models.workloads import video_frames
+    from services.workloads.frames import video_frames
 
     assert np.allclose(np.stack([f for *_, f in first]), video_frames(6, seed=1, size=32))
     pixels = make_stream("video", 6, seed=1, size=32, chunk=4, dtype="uint8")
@@ -194,15 +193,3 @@ def test_make_stream_video_is_lazy_and_repeatable() -> None:
                           video_frames(6, seed=1, size=32, dtype="uint8"))
 
 
-def test_real_fortunes_download(tmp_path: Path) -> None:
-    """Optional: the real `apt-get download fortunes` (skipped where apt cannot fetch it)."""
-    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        pytest.skip("apt-get/dpkg-deb not available")
-    try:
-        entries, source = tc.fetch_fortunes(timeout_s=60, update_if_root=False)
-    except (tc.CorpusUnavailable, subprocess.SubprocessError) as exc:
-        pytest.skip(f"apt-get download fortunes failed here: {exc}")
-    assert source.startswith("debian-fortunes")
-    c = tc.build_corpus(entries)
-    assert c.categories == tc.DEFAULT_CATEGORIES
-    assert min(c.counts().values()) >= 100 and len(c) > 3000

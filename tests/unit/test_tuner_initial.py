@@ -1,9 +1,9 @@
-"""The initial deployment (services/tuner/initial.py): as many ramps as the budget allows,
+"""The initial deployment (services/exits/initial.py): as many ramps as the budget allows,
 spread evenly: the evenly spaced sites when they fit, else each slice's cheapest ramp."""
 
 from __future__ import annotations
 
-from services.tuner.initial import evenly_spaced, initial_active, slices
+from services.exits.initial import evenly_spaced, initial_active, slices
 
 # Serving costs (ms) measured by `offramp prepare efficientnet-lite0` on the 2-core machine;
 # the model's chained blocks take 7.94 ms, so a 2 % budget is 0.159 ms.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from services.exits.exit_window import ExitWindow
+from services.exits.latency_profile import LatencyProfile
 from services.tuner.ramp_adjust import (
     ACTIONS,
     AdjustInput,
@@ -14,7 +16,6 @@ from services.tuner.ramp_adjust import (
     utilities,
 )
 from services.tuner.thresholds import evaluate, meets, tune
-from services.tuner.window import ExitWindow, LatencyProfile
 from tests.unit.test_tuner_thresholds import HAND_PROFILE, hand_window, synthetic
 
 N = 100

@@ -18,8 +18,18 @@ import pytest
 from schemas import errors, subjects
 from schemas.codec import pack, unpack
 from schemas.errors import ServingError
-from schemas.messages import (Batch, ExitConfig, InferRequest, Results, decode_infer_request,
-                              decode_map, encode_error, encode_map, encode_reply)
+from schemas.heartbeat import Heartbeat
+from schemas.messages import (
+    Batch,
+    ExitConfig,
+    InferRequest,
+    Results,
+    decode_infer_request,
+    decode_map,
+    encode_error,
+    encode_reply,
+)
+from schemas.telemetry import OK, RequestRecord, RequestTelemetry, SampleTelemetry
 
 README = Path(__file__).resolve().parents[2] / "schemas" / "README.md"
 
@@ -92,7 +102,7 @@ def readme_section(title: str) -> str:
 
 def table_fields(section: str) -> set[str]:
     """Names in the first column of the markdown table(s) of a section."""
-    return set(re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.M))
+    return set(re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE))
 
 
 # ---------------------------------------------------------------- tensors
@@ -332,7 +342,7 @@ def test_error_reply_without_id() -> None:
 
 def test_every_error_code_is_documented() -> None:
     section = readme_section("Error reply")
-    documented = set(re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.M))
+    documented = set(re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE))
     assert documented == set(errors.CODES)
 
 
@@ -417,6 +427,200 @@ def test_exit_config_int_keys() -> None:
     assert ExitConfig.decode(decode_map(data)) == cfg
 
 
-def test_encode_map_carries_version() -> None:
-    msg = client_decode(encode_map(model="tiny", router="router-1", records=[]))
-    assert msg == {"v": 1, "model": "tiny", "router": "router-1", "records": []}
+def test_batch_and_results_refuse_malformed_input() -> None:
+    good = client_decode(Results("b", "w", 0, [], np.zeros(0, np.int32), np.zeros(0, np.float32),
+                                 np.zeros(0, np.int32), None, False, 1, release=True).encode())
+    for cls, msg in ((Results, good), (Batch, {"v": 1, "batch_id": "b", "model": "tiny"}),
+                     (ExitConfig, {"v": 1, "model": "tiny", "version": "x"})):
+        broken = {k: v for k, v in msg.items() if k != "worker"}
+        with pytest.raises(ServingError) as info:
+            cls.decode(broken)
+        assert info.value.code == errors.BAD_REQUEST and "malformed" in info.value.message
+
+
+def test_error_results_carry_a_documented_code() -> None:
+    res = Results("b", "w", 0, ["a"], np.zeros(0), np.zeros(0), np.zeros(0), None, False, 1,
+                  release=True, error={"code": errors.PAYLOAD_TOO_LARGE, "message": "too big"})
+    back = Results.decode(decode_map(res.encode()))
+    assert back.error == {"code": "payload_too_large", "message": "too big"} and back.release
+    section = readme_section("Results")
+    assert f'"{errors.PAYLOAD_TOO_LARGE}"' in section and f'"{errors.INTERNAL}"' in section
+
+
+# ---------------------------------------------------------------- typed internal messages
+# Each is checked like the client messages: the README's table lists exactly the fields the
+# class writes, in the order it writes them (a client encoding the documented map writes
+# the same bytes), the decoder returns what was encoded, and malformed input is refused
+# with a bad_request that names the message and the field.
+
+
+def table_order(section: str) -> list[str]:
+    return re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE)
+
+
+def documented_bytes(section: str, values: dict[str, Any]) -> bytes:
+    """The message a client writes from the README: ``"v": 1`` then the table's fields."""
+    return client_encode({"v": 1, **{name: values[name] for name in table_order(section)}})
+
+
+def assert_refused(decode: Any, msg: Any, *fragments: str) -> None:
+    with pytest.raises(ServingError) as info:
+        decode(msg)
+    assert info.value.code == errors.BAD_REQUEST
+    for fragment in fragments:
+        assert fragment in info.value.message, (fragment, info.value.message)
+
+
+HEARTBEAT = Heartbeat(worker="tiny-s1-abcdef", model="tiny", stage=1, stages=2, capacity=2,
+                      first_block=2, last_block=4, pid=4321, host="node-1", busy=True, queued=3,
+                      batches=17, set_aside=1, gave_way=5, config_version=6, t=1700000000.25)
+
+
+def test_heartbeat_fields_round_trip_and_bytes() -> None:
+    data = HEARTBEAT.encode()
+    msg = client_decode(data)
+    section = readme_section("Heartbeat")
+    assert list(msg) == ["v", *table_order(section)]
+    types = {"worker": str, "model": str, "host": str, "busy": bool, "t": float}
+    for name, value in msg.items():
+        assert type(value) is types.get(name, int), name
+    assert data == documented_bytes(section, msg)
+    assert Heartbeat.decode(decode_map(data)) == HEARTBEAT
+
+
+def test_heartbeat_needs_only_the_routing_fields() -> None:
+    hb = Heartbeat.decode(decode_map(client_encode(
+        {"v": 1, "worker": "w", "model": "tiny", "stage": 0, "stages": 1, "capacity": 2,
+         "pid": None, "unknown_field": 1})))
+    assert hb == Heartbeat("w", "tiny", 0, 1, 2)
+    assert (hb.pid, hb.host, hb.busy, hb.config_version, hb.t) == (0, "", False, 0, 0.0)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"worker": None}, "'worker'"),
+    ({"model": None}, "'model'"),
+    ({"stage": None}, "'stage'"),
+    ({"stages": None}, "'stages'"),
+    ({"capacity": None}, "'capacity'"),
+    ({"worker": 7}, "'worker'"),
+    ({"stage": "1"}, "'stage'"),
+    ({"stage": True}, "'stage'"),
+    ({"capacity": 1.5}, "'capacity'"),
+    ({"busy": 1}, "'busy'"),
+    ({"t": "now"}, "'t'"),
+])
+def test_malformed_heartbeat_is_refused(change: dict, field: str) -> None:
+    msg = client_decode(HEARTBEAT.encode())
+    msg.update(change)
+    assert_refused(Heartbeat.decode, {k: v for k, v in msg.items() if v is not None},
+                   "heartbeat", field)
+
+
+def sample_telemetry() -> SampleTelemetry:
+    return SampleTelemetry(
+        model="tiny", worker="tiny-s1-abcdef", batch_id="b2", batch_ids=["b1", "b2"],
+        batch_sizes=[2, 1], config_version=4, mode="latency", score="max_softmax",
+        thresholds={0: 0.2, 2: 0.05}, active=[0, 2], ids=["r1", "r2", "r3"], ramp_ids=[0, 2],
+        ramp_pred=np.array([[1, 2, 3], [1, 5, 3]], np.int32),
+        ramp_score=np.array([[0.1, 0.5, 0.3], [0.01, 0.4, 0.2]], np.float32),
+        exit_at=np.array([0, -1, -1], np.int32), final_pred=np.array([1, 4, 3], np.int32),
+        final_score=np.array([0.0, 0.3, 0.1], np.float32), batch_size=3,
+        stage_ms=[[0.5, 0.25], [0.75, 0.5]], t=1700000000.5)
+
+
+def test_sample_telemetry_fields_round_trip_and_bytes() -> None:
+    tel = sample_telemetry()
+    data = tel.encode()
+    msg = client_decode(data)
+    section = readme_section("Sample telemetry")
+    assert list(msg) == ["v", *table_order(section)]
+    for name in ("ramp_pred", "ramp_score"):
+        assert msg[name].shape == (2, 3), name                    # [R, N]
+    for name in ("exit_at", "final_pred", "final_score"):
+        assert msg[name].shape == (3,), name                      # [N]
+    assert {k: msg[k].dtype.str for k in ("ramp_pred", "ramp_score", "exit_at", "final_pred",
+                                          "final_score")} == {
+        "ramp_pred": "<i4", "ramp_score": "<f4", "exit_at": "<i4", "final_pred": "<i4",
+        "final_score": "<f4"}
+    assert msg["thresholds"] == {0: 0.2, 2: 0.05} and all(type(k) is int for k in msg["thresholds"])
+    assert msg["stage_ms"] == [[0.5, 0.25], [0.75, 0.5]] and type(msg["t"]) is float
+    assert data == documented_bytes(section, msg)
+    back = SampleTelemetry.decode(decode_map(data))
+    for name in table_order(section):
+        want, got = getattr(tel, name), getattr(back, name)
+        if isinstance(want, np.ndarray):
+            assert got.dtype == want.dtype, name
+            np.testing.assert_array_equal(got, want, err_msg=name)
+        else:
+            assert got == want, name
+
+
+@pytest.mark.parametrize("field", table_order(readme_section("Sample telemetry")))
+def test_sample_telemetry_without_a_field_is_refused(field: str) -> None:
+    msg = client_decode(sample_telemetry().encode())
+    del msg[field]
+    assert_refused(SampleTelemetry.decode, msg, "sample telemetry", f"'{field}'")
+
+
+@pytest.mark.parametrize("change, fragments", [
+    ({"ramp_pred": np.zeros((2, 2), np.int32)}, ("'ramp_pred'", "shape")),
+    ({"ramp_score": np.zeros((1, 3), np.float32)}, ("'ramp_score'", "shape")),
+    ({"exit_at": np.zeros(3, np.float32)}, ("'exit_at'", "integers")),
+    ({"ramp_score": np.zeros((2, 3), np.int32)}, ("'ramp_score'", "floats")),
+    ({"final_pred": [1, 4, 3]}, ("'final_pred'", "tensor")),
+    ({"ids": ["r1", "r2"]}, ("batch_size",)),
+    ({"batch_ids": ["b2"]}, ("batch_ids",)),
+    ({"thresholds": {"0": 0.2}}, ("'thresholds'",)),
+    ({"stage_ms": [0.5, 0.25]}, ("'stage_ms'",)),
+    ({"config_version": "4"}, ("'config_version'",)),
+])
+def test_malformed_sample_telemetry_is_refused(change: dict, fragments: tuple) -> None:
+    msg = client_decode(sample_telemetry().encode())
+    msg.update(change)
+    assert_refused(SampleTelemetry.decode, msg, "sample telemetry", *fragments)
+    assert_refused(SampleTelemetry.decode, [1, 2], "sample telemetry", "map")
+
+
+REQUESTS = RequestTelemetry("tiny", "router-1a2b3c4d", [
+    RequestRecord("r1", 1700000000.5, 3.25, OK, 2, True, 7, 4),
+    RequestRecord(None, 1700000001.0, 0.5, errors.BAD_REQUEST),
+])
+
+
+def test_request_telemetry_fields_round_trip_and_bytes() -> None:
+    data = REQUESTS.encode()
+    msg = client_decode(data)
+    section, record = readme_section("Request telemetry"), readme_section("Request record")
+    assert list(msg) == ["v", *table_order(section)]
+    ok, refused = msg["records"]
+    assert list(ok) == list(refused) == table_order(record)
+    assert ok == {"id": "r1", "t": 1700000000.5, "latency_ms": 3.25, "status": "ok", "exit": 2,
+                  "early": True, "label": 7, "config_version": 4}
+    assert refused == {"id": None, "t": 1700000001.0, "latency_ms": 0.5, "status": "bad_request",
+                       "exit": None, "early": None, "label": None, "config_version": None}
+    assert data == client_encode({"v": 1, "model": "tiny", "router": "router-1a2b3c4d",
+                                  "records": [{k: r[k] for k in table_order(record)}
+                                              for r in (ok, refused)]})
+    assert RequestTelemetry.decode(decode_map(data)) == REQUESTS
+    bare = RequestTelemetry.decode({"v": 1, "model": "tiny", "router": "r", "records": [
+        {"t": 1.0, "latency_ms": 2.0, "status": "ok"}]})
+    assert bare.records == [RequestRecord(None, 1.0, 2.0, OK)]    # absent = nil
+
+
+@pytest.mark.parametrize("change, fragments", [
+    ({"records": None}, ("'records'", "missing")),
+    ({"records": {"id": "r"}}, ("'records'", "array")),
+    ({"records": [["r", 1.0]]}, ("'records'", "maps")),
+    ({"router": 5}, ("'router'",)),
+    ({"records": [{"id": "r", "latency_ms": 1.0, "status": "ok"}]}, ("record 0", "'t'")),
+    ({"records": [{"t": 1.0, "latency_ms": 1.0, "status": 0}]}, ("record 0", "'status'")),
+    ({"records": [{"t": 1.0, "latency_ms": 1.0, "status": "ok", "early": "yes"}]},
+     ("record 0", "'early'")),
+    ({"records": [{"t": 1.0, "latency_ms": 1.0, "status": "ok", "label": 1.5}]},
+     ("record 0", "'label'")),
+])
+def test_malformed_request_telemetry_is_refused(change: dict, fragments: tuple) -> None:
+    msg = client_decode(REQUESTS.encode())
+    msg.update(change)
+    msg = {k: v for k, v in msg.items() if v is not None}
+    assert_refused(RequestTelemetry.decode, msg, "request telemetry", *fragments)

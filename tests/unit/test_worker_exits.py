@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from schemas.messages import ExitConfig
-from services.worker.exits import exits_at, initial_config, ramp_outcome
+from services.exits.decide import exits_at, ramp_outcome
+from services.exits.initial import initial_config
 from services.worker.service import plan_stages
 from services.worker.stage_exec import execute
 

@@ -1,0 +1,54 @@
+"""The worker heartbeat (``schemas/README.md``, "Heartbeat"): liveness, credit and state of
+one stage worker, published every ``OFFRAMP_HEARTBEAT_MS``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.codec import SCHEMA_VERSION, pack
+from schemas.fields import FieldReader
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """What a router needs to route to a worker (``worker`` .. ``capacity``, required on the
+    wire) and what ``offramp status`` shows (the rest: absent reads as 0 / "" / false)."""
+
+    worker: str
+    model: str
+    stage: int
+    stages: int
+    capacity: int           # batches it may hold at once
+    first_block: int = 0
+    last_block: int = 0     # exclusive
+    pid: int = 0
+    host: str = ""
+    busy: bool = False
+    queued: int = 0         # batches waiting in its queue
+    batches: int = 0        # batches completed since start
+    set_aside: int = 0      # batches waiting for their feedback re-run
+    gave_way: int = 0       # runs stopped for a waiting batch since start
+    config_version: int = 0
+    t: float = 0.0          # unix seconds
+
+    def encode(self) -> bytes:
+        return pack({"v": SCHEMA_VERSION, "worker": self.worker, "model": self.model,
+                     "stage": int(self.stage), "stages": int(self.stages),
+                     "first_block": int(self.first_block), "last_block": int(self.last_block),
+                     "capacity": int(self.capacity), "pid": int(self.pid), "host": self.host,
+                     "busy": bool(self.busy), "queued": int(self.queued),
+                     "batches": int(self.batches), "set_aside": int(self.set_aside),
+                     "gave_way": int(self.gave_way), "config_version": int(self.config_version),
+                     "t": float(self.t)})
+
+    @classmethod
+    def decode(cls, msg: dict[str, Any]) -> Heartbeat:
+        f = FieldReader(msg, "heartbeat")
+        return cls(worker=f.text("worker"), model=f.text("model"), stage=f.integer("stage"),
+                   stages=f.integer("stages"), capacity=f.integer("capacity"),
+                   first_block=f.integer("first_block", 0), last_block=f.integer("last_block", 0),
+                   pid=f.integer("pid", 0), host=f.text("host", ""), busy=f.flag("busy", False),
+                   queued=f.integer("queued", 0), batches=f.integer("batches", 0),
+                   set_aside=f.integer("set_aside", 0), gave_way=f.integer("gave_way", 0),
+                   config_version=f.integer("config_version", 0), t=f.number("t", 0.0))

@@ -1,0 +1,137 @@
+"""Telemetry messages (``schemas/README.md``, "Sample telemetry" and "Request telemetry").
+
+Sample telemetry goes from last-stage workers to the monitor and the tuner, request
+telemetry from routers to the monitor; both are stored in the telemetry stream. Each
+class has the one encoder and the one decoder of its message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from schemas.codec import SCHEMA_VERSION, pack
+from schemas.fields import FLOATS, INTS, FieldReader
+
+OK = "ok"  # request-record status of a request that got an answer (else its error code)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SampleTelemetry:
+    """Per sample, what every evaluated ramp and the final layer predicted, for the batches
+    one last-stage worker ran under one exit config (``N`` samples, ``R`` ramps).
+
+    A worker builds one per batch; consecutive ones under the same config are merged
+    (``services/worker/telemetry.py``), so ``batch_ids``/``batch_sizes``/``stage_ms``
+    list the merged batches.
+    """
+
+    model: str
+    worker: str
+    batch_id: str                    # the last batch merged
+    batch_ids: list[str]
+    batch_sizes: list[int]
+    config_version: int
+    mode: str
+    score: str
+    thresholds: dict[int, float]
+    active: list[int]
+    ids: list[str]                   # N request ids
+    ramp_ids: list[int]              # R ramps, the rows of ramp_pred / ramp_score
+    ramp_pred: np.ndarray            # int32 R x N, top-1 label
+    ramp_score: np.ndarray           # float32 R x N, exit score
+    exit_at: np.ndarray              # int32 N, ramp that answered, -1 = final layer
+    final_pred: np.ndarray           # int32 N
+    final_score: np.ndarray          # float32 N
+    batch_size: int                  # N
+    stage_ms: list[list[float]]      # per merged batch, compute ms of each stage
+    t: float                         # unix seconds
+
+    def encode(self) -> bytes:
+        return pack({"v": SCHEMA_VERSION, "model": self.model, "worker": self.worker,
+                     "batch_id": self.batch_id, "batch_ids": list(self.batch_ids),
+                     "batch_sizes": [int(s) for s in self.batch_sizes],
+                     "config_version": int(self.config_version), "mode": self.mode,
+                     "score": self.score,
+                     "thresholds": {int(k): float(v) for k, v in self.thresholds.items()},
+                     "active": [int(r) for r in self.active], "ids": list(self.ids),
+                     "ramp_ids": [int(r) for r in self.ramp_ids], "ramp_pred": self.ramp_pred,
+                     "ramp_score": self.ramp_score, "exit_at": self.exit_at,
+                     "final_pred": self.final_pred, "final_score": self.final_score,
+                     "batch_size": int(self.batch_size),
+                     "stage_ms": [[float(ms) for ms in run] for run in self.stage_ms],
+                     "t": float(self.t)})
+
+    @classmethod
+    def decode(cls, msg: dict[str, Any]) -> SampleTelemetry:
+        f = FieldReader(msg, "sample telemetry")
+        ids, ramp_ids = f.texts("ids"), f.integers("ramp_ids")
+        n, r = len(ids), len(ramp_ids)
+        batch_ids, batch_sizes = f.texts("batch_ids"), f.integers("batch_sizes")
+        stage_ms, batch_size = f.number_rows("stage_ms"), f.integer("batch_size")
+        if batch_size != n or sum(batch_sizes) != n:
+            raise f.error(f"{n} ids but batch_size {batch_size} and batch_sizes {batch_sizes}")
+        if not len(batch_ids) == len(batch_sizes) == len(stage_ms):
+            raise f.error(f"batch_ids, batch_sizes and stage_ms must list the same batches, got "
+                          f"{len(batch_ids)}, {len(batch_sizes)} and {len(stage_ms)}")
+        return cls(model=f.text("model"), worker=f.text("worker"), batch_id=f.text("batch_id"),
+                   batch_ids=batch_ids, batch_sizes=batch_sizes,
+                   config_version=f.integer("config_version"), mode=f.text("mode"),
+                   score=f.text("score"), thresholds=f.int_key_numbers("thresholds"),
+                   active=f.integers("active"), ids=ids, ramp_ids=ramp_ids,
+                   ramp_pred=f.tensor("ramp_pred", INTS, (r, n)),
+                   ramp_score=f.tensor("ramp_score", FLOATS, (r, n)),
+                   exit_at=f.tensor("exit_at", INTS, (n,)),
+                   final_pred=f.tensor("final_pred", INTS, (n,)),
+                   final_score=f.tensor("final_score", FLOATS, (n,)),
+                   batch_size=batch_size, stage_ms=stage_ms, t=f.number("t"))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One request a router answered or refused. ``exit``, ``early``, ``label`` and
+    ``config_version`` are None for errors."""
+
+    id: str | None
+    t: float                 # unix time the request was received (or refused at intake)
+    latency_ms: float
+    status: str              # OK or the error code
+    exit: int | None = None
+    early: bool | None = None
+    label: int | None = None
+    config_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTelemetry:
+    """The requests one router answered (or refused) for one model since its last flush."""
+
+    model: str
+    router: str              # router id, not a subject
+    records: list[RequestRecord] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        return pack({"v": SCHEMA_VERSION, "model": self.model, "router": self.router,
+                     "records": [{"id": r.id, "t": float(r.t), "latency_ms": float(r.latency_ms),
+                                  "status": r.status,
+                                  "exit": None if r.exit is None else int(r.exit),
+                                  "early": None if r.early is None else bool(r.early),
+                                  "label": None if r.label is None else int(r.label),
+                                  "config_version": (None if r.config_version is None
+                                                     else int(r.config_version))}
+                                 for r in self.records]})
+
+    @classmethod
+    def decode(cls, msg: dict[str, Any]) -> RequestTelemetry:
+        f = FieldReader(msg, "request telemetry")
+        records = []
+        for i, rec in enumerate(f.maps("records")):
+            r = FieldReader(rec, f"request telemetry record {i}")
+            records.append(RequestRecord(
+                id=r.text("id", None), t=r.number("t"), latency_ms=r.number("latency_ms"),
+                status=r.text("status"), exit=r.integer("exit", None),
+                early=r.flag("early", None), label=r.integer("label", None),
+                config_version=r.integer("config_version", None)))
+        return cls(model=f.text("model"), router=f.text("router"), records=records)

@@ -1,0 +1,61 @@
+"""``offramp bench overhead|apparate``: side-by-side measurements that print a table and write JSON."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON")
+    bench.add_argument("which", choices=["overhead", "apparate"])
+    bench.add_argument("--json", required=True, help="output file")
+    bench.add_argument("--model", default="efficientnet-lite0")
+    bench.add_argument("--trivial-model", default="tiny")
+    bench.add_argument("--requests", type=int,
+                       help="overhead: requests per light-load run (default 300); apparate "
+                       "--live: samples of the stream per policy (default 2000)")
+    bench.add_argument("--duration", type=float, default=8.0, help="seconds of sustained load")
+    bench.add_argument("--concurrency", type=int, default=64,
+                       help="requests in flight during the sustained phase")
+    # apparate: the replay bench (--trace) or the live one (--live)
+    bench.add_argument("--trace", help="apparate: replay trace (.npz) from `offramp trace record`")
+    bench.add_argument("--plot", help="apparate: latency/threshold plot (.svg; .png needs matplotlib)")
+    bench.add_argument("--arrivals", help="apparate: arrival spec overriding the trace's, e.g. "
+                       "poisson:10 (default: the trace's arrival_s, else Poisson light load at "
+                       "20%% of the full model's capacity)")
+    bench.add_argument("--seed", type=int, default=0, help="apparate: seed of --arrivals")
+    bench.add_argument("--constraint", type=float, default=0.01, help="tolerated agreement loss")
+    bench.add_argument("--budget", type=float, default=0.02, help="ramp budget (share of the model)")
+    bench.add_argument("--delay-ms", type=float, default=0.0,
+                       help="apparate: delay before a decided config reaches the worker")
+    bench.add_argument("--tune-window", type=int, help="apparate: controller tuning window (samples)")
+    bench.add_argument("--slack-windows", type=int, help="apparate: clean windows per savings tune")
+    bench.add_argument("--feedback-backlog", type=int, default=None,
+                       help="apparate replay: runs whose sample answered early that the worker may set "
+                       "aside for a sample that arrives (default 8, as OFFRAMP_FEEDBACK_BACKLOG; 0: every "
+                       "run goes to the end)")
+    bench.add_argument("--grid-rounds", type=int, default=8,
+                       help="apparate: tune rounds compared with grid search (0: skip)")
+    bench.add_argument("--live", action="store_true",
+                       help="apparate: run the policies live on the embedded stack (with --model and "
+                       "--workload) instead of replaying a trace")
+    bench.add_argument("--workload", choices=["video", "text"],
+                       help="apparate --live: the generated stream (video frames or drifting texts)")
+    bench.add_argument("--repeat", type=int, default=1,
+                       help="apparate --live: run the whole vanilla/static/offramp sequence this many "
+                       "times and report medians (the machine drifts between sequential runs)")
+    bench.add_argument("--scene-frames", metavar="MIN:MAX",
+                       help="apparate --live, video: scene lengths in frames (default 16:120; a fixed "
+                       "camera's run far longer, e.g. 600:1800)")
+    bench.set_defaults(fn=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.which == "overhead":
+        from services.bench.overhead import run_overhead
+        args.requests = 300 if args.requests is None else args.requests
+        return run_overhead(args)
+    if args.which == "apparate":
+        from services.bench.apparate import run
+        return run(args)
+    raise SystemExit(f"unknown benchmark {args.which!r}")

@@ -1,0 +1,27 @@
+"""``offramp exit-config MODEL``: store a new exit-config version and publish it to the workers
+(pins thresholds and active ramps by hand)."""
+
+from __future__ import annotations
+
+import argparse
+
+from services.cli.options import nats_url
+from services.common import config as config_mod
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    ec = sub.add_parser("exit-config", help="store and publish a new exit config version")
+    ec.add_argument("model")
+    ec.add_argument("--threshold", type=float, help="one threshold for every active ramp")
+    ec.add_argument("--set", action="append", default=[], help="RAMP=THRESHOLD")
+    ec.add_argument("--active", help="comma list of active ramps (default: all; none = vanilla)")
+    ec.add_argument("--reason", default="set by hand (offramp exit-config)")
+    ec.set_defaults(fn=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.launcher.exit_config import set_exit_config
+
+    cfg = config_mod.load()
+    return set_exit_config(cfg, nats_url(cfg), args.model, args.threshold, args.set,
+                           args.active, args.reason)

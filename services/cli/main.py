@@ -1,0 +1,41 @@
+"""``offramp`` command line: up | serve | prepare | infer | status | demo | bench | trace | db |
+exit-config, one module each in this package.
+
+Subcommand modules import what they run inside ``run``: every service starts as
+``offramp serve X`` and must not pay for torch, ONNX or the zoo at start-up."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from services.cli import bench, db, demo, exit_config, infer, prepare, serve, status, trace, up
+from services.common import config as config_mod
+from services.common.memory import keep_large_buffers
+
+COMMANDS = (up, serve, prepare, infer, status, demo, bench, trace, db, exit_config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="offramp", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    keep_large_buffers()  # every command moves or builds large buffers (services/common/memory.py)
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    try:
+        return int(args.fn(args) or 0)
+    except config_mod.ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

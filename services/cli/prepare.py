@@ -1,0 +1,103 @@
+"""``offramp prepare MODEL``: turn a zoo model, an ONNX file or a torch model into an
+early-exit model (ramp sites, ramp training, block export) and register it in the store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from services.common import config as config_mod
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    prep = sub.add_parser("prepare", help="turn a zoo model, an ONNX file or a torch model into "
+                          "an early-exit model (ramp sites, ramp training, block export)")
+    prep.add_argument("model", help="zoo name, or a path: model.onnx, a TorchScript / pickled "
+                      "torch module file, or a Hugging Face model folder")
+    prep.add_argument("--data", help="bootstrap inputs: .npz with one array per input name "
+                      "(first axis = samples), or .npy for a single input")
+    prep.add_argument("--name", help="name to serve a user's model under (default: file stem)")
+    prep.add_argument("--json", help="write the sites found and the trained ramps to this file")
+    prep.add_argument("--sites", help="restrict ramps to these feasible sites: comma list of "
+                      "tensor names or site ordinals")
+    prep.add_argument("--max-ramps", type=int, default=0,
+                      help="most ramps to train (evenly spaced over the sites); default per model")
+    prep.add_argument("--bootstrap-n", type=int, help="bootstrap samples (default per model)")
+    prep.add_argument("--mask-input", help="text models: the input whose real tokens ramps "
+                      "average over (default: an integer input named *mask* beside the ids); "
+                      "none = plain mean over every position")
+    prep.add_argument("--ramp-targets",
+                      help="what ramps learn of the final model: top1, or softmax "
+                      "(distillation, sharpened at temperature 0.5); default per model "
+                      "(minilm-topics: softmax, others: top1)")
+    prep.add_argument("--force", action="store_true", help="rebuild even if an intact copy exists")
+    prep.add_argument("--models-dir")
+    prep.add_argument("--no-store", action="store_true", help="do not record it in the store")
+    prep.add_argument("--quiet", action="store_true")
+    prep.set_defaults(fn=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.launcher.supervisor import register_prepared
+    from services.prepare.pipeline import SiteChoice, prepare, sites_json
+    from services.runtime.manifest import Manifest
+    from services.store.migrate import upgrade
+    from services.store.repository import Store
+
+    cfg = config_mod.load()
+    choice = SiteChoice(tuple(s.strip() for s in (args.sites or "").split(",") if s.strip()),
+                        args.max_ramps)
+    say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    try:
+        path = prepare(args.model, Path(args.models_dir) if args.models_dir else cfg.models_dir,
+                       force=args.force, log=say, progress=say,
+                       data=Path(args.data) if args.data else None, name=args.name,
+                       bootstrap_n=args.bootstrap_n, device=cfg.device, threads=cfg.ort_threads,
+                       choice=choice, mask_input=args.mask_input,
+                       ramp_targets=args.ramp_targets)
+    except ValueError as exc:  # SourceError and unknown zoo names
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    manifest = Manifest.load(path)
+    report = sites_json(manifest)
+    if not args.quiet:
+        print(ramp_table(manifest, report), file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if not args.no_store:
+        cfg.home.mkdir(parents=True, exist_ok=True)
+        upgrade(cfg.database_url)
+        store = Store(cfg.database_url)
+        try:
+            register_prepared(store, path, cfg.ramp_budget)
+        finally:
+            store.close()
+    print(path)
+    return 0
+
+
+def ramp_table(manifest, report: dict) -> str:
+    lines = [(f"{manifest.name}: {len(report['sites'])} feasible ramp sites, "
+              f"{len(manifest.ramps)} ramps; full model {manifest.full_ms:.3f} ms at batch 1, "
+              f"{manifest.base_params:,} params"),
+             (f"  {'ramp':>4} {'site':>4}  {'tensor':<44} {'agreement':>9} {'cost ms':>8} "
+              f"{'% blocks':>8} {'% unsplit':>9} {'% @b16':>7} {'params %':>8} {'serve ms':>8} "
+              f"{'% unspl':>7}")]
+    for r in report["ramps"]:
+        lines.append(f"  {r['ramp']:>4} {r['site']:>4}  {r['tensor'][-44:]:<44} "
+                     f"{r['agreement']:>9.3f} {r['cost_ms']:>8.4f} "
+                     f"{100 * (r['cost_share'] or 0):>7.2f}% "
+                     f"{100 * (r['cost_share_unsplit'] or 0):>8.2f}% "
+                     f"{100 * (r['cost_share_unsplit_b16'] or 0):>6.2f}% "
+                     f"{100 * (r['params_share'] or 0):>7.2f}% "
+                     f"{r.get('serve_ms') or 0:>8.3f} "
+                     f"{100 * (r.get('serve_share_unsplit') or 0):>6.2f}%")
+    lines.append("  (cost: the ramp head, fused into its block; % blocks: of the chained blocks at "
+                 "batch 1; % unsplit: of the unsplit model at batch 1; % @b16: the same at batch "
+                 "16; serve: what activating the ramp adds to a worker's stage at batch 1 - "
+                 "its share of what every tapped head adds to the one tapped call, in proportion "
+                 "to its cost, or the split there plus the head where taps are unavailable - "
+                 "and its share of the unsplit model)")
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""``offramp serve SERVICE``: run one service (what ``offramp up`` and docker compose start)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from services.common import config as config_mod
+
+SERVICES = ("router", "worker", "monitor", "profiler", "tuner")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="run one service (what `up` and docker-compose start)")
+    serve.add_argument("service", choices=SERVICES)
+    serve.add_argument("--model")
+    serve.add_argument("--stage", type=int, default=0)
+    serve.add_argument("--cuts", default="", help="comma list of block indices where stages split")
+    serve.set_defaults(fn=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.common.service_loop import run_service
+
+    cfg = config_mod.load()
+    if args.service == "router":
+        from services.router.service import serve
+        run_service(lambda stop: serve(cfg, stop))
+    elif args.service == "monitor":
+        from services.monitor.service import serve
+        run_service(lambda stop: serve(cfg, stop))
+    elif args.service == "tuner":
+        from services.tuner.service import serve
+        run_service(lambda stop: serve(cfg, stop))
+    elif args.service == "profiler":
+        from services.profiler.service import serve_profiler
+        os.nice(10)  # measuring must never take CPU from serving on a small machine
+        run_service(lambda stop: serve_profiler(cfg, stop))
+    else:
+        from services.worker.service import serve
+        if not args.model:
+            raise SystemExit("serve worker needs --model")
+        cuts = [int(c) for c in args.cuts.split(",") if c.strip()] if args.cuts else []
+        run_service(lambda stop: serve(cfg, stop, args.model, args.stage, cuts))
+    return 0

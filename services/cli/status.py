@@ -1,0 +1,69 @@
+"""``offramp status``: what the router, the monitor and the store say right now."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from typing import Any
+
+from schemas import subjects
+from services.cli.options import nats_url
+from services.common import bus
+from services.common import config as config_mod
+from services.common.client import InferError, request_raw
+from services.common.config import Config
+
+
+async def collect(cfg: Config, url: str) -> dict[str, Any]:
+    nc = await bus.connect(url, "offramp-status", connect_timeout=3)
+    out: dict[str, Any] = {"nats": url}
+    try:
+        for key, subject in (("router", subjects.STATUS_ROUTER), ("monitor", subjects.STATUS_MONITOR)):
+            try:
+                out[key] = await request_raw(nc, subject, b"", timeout=2.0)
+            except InferError as exc:
+                out[key] = {"error": exc.message}
+    finally:
+        await nc.close()
+    return out
+
+
+def render(status: dict[str, Any]) -> str:
+    lines = [f"NATS {status['nats']}"]
+    router = status.get("router", {})
+    if "error" in router:
+        lines.append(f"router: {router['error']}")
+    for name, m in sorted(router.get("models", {}).items()):
+        p50 = "-" if m["p50_ms"] is None else f"{m['p50_ms']:.1f}"
+        p95 = "-" if m["p95_ms"] is None else f"{m['p95_ms']:.1f}"
+        lines.append(f"model {name}: ready={m['ready']} queue={m['queue']} served={m['served']} "
+                     f"errors={m['errors']} early={m['early']} p50={p50}ms p95={p95}ms")
+        for w in m["workers"]:
+            lines.append(f"  worker {w['id']} stage={w['stage']} pid={w['pid']} credit={w['credit']} "
+                         f"exit_config=v{w['config_version']} gave_way={w.get('gave_way', 0)} "
+                         f"set_aside={w.get('set_aside', 0)}")
+    monitor = status.get("monitor", {})
+    if "error" in monitor:
+        lines.append(f"monitor: {monitor['error']}")
+    else:
+        for name, w in sorted(monitor.get("models", {}).items()):
+            lines.append(f"monitor {name}: config v{w['config_version']} last window "
+                         f"{w['samples']} samples agreement={w['agreement']:.3f} "
+                         f"exit_rate={w['exit_rate']:.3f}")
+        lines.append(f"monitor stored: {monitor.get('requests_stored', 0)} request rows, "
+                     f"{monitor.get('windows_stored', 0)} windows")
+    return "\n".join(lines)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    st = sub.add_parser("status", help="workers, queues, exit configs, recent latency")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_mod.load()
+    status = asyncio.run(collect(cfg, nats_url(cfg)))
+    print(json.dumps(status, indent=2, default=str) if args.json else render(status))
+    return 0

@@ -1,0 +1,70 @@
+"""``offramp up``: the embedded NATS server, the store and every service as child processes;
+Ctrl-C stops them all."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from services.cli.options import config_with_models
+from services.common import logs
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    up = sub.add_parser("up", help="embedded NATS + store + every service; Ctrl-C stops all")
+    up.add_argument("--models", help="comma list (default: $OFFRAMP_MODELS)")
+    up.add_argument("--split", action="append", help="MODEL=CUT[,CUT...]: stage cut points")
+    up.add_argument("--replicas", type=int, default=1, help="workers per stage")
+    up.add_argument("--log-dir", help="write each service's log here instead of the terminal")
+    up.add_argument("--adapt", action="store_true",
+                    help="also run the tuner: continual exit adaptation (or OFFRAMP_ADAPT=1)")
+    up.add_argument("--ready-timeout", type=float, default=180.0)
+    up.set_defaults(fn=run)
+
+
+def parse_cuts(values: list[str] | None) -> dict[str, list[int]]:
+    """``--split MODEL=CUT[,CUT...]`` options as {model: cuts}."""
+    out = {}
+    for v in values or []:
+        model, _, cuts = v.partition("=")
+        if not model or not _:
+            raise SystemExit(f"--split takes MODEL=CUT[,CUT...], got {v!r}")
+        out[model] = [int(c) for c in cuts.split(",") if c.strip()]
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.launcher.supervisor import Deployment, Supervisor, prepare_state
+
+    cfg = config_with_models(args.models)
+    if args.adapt:
+        cfg = replace(cfg, adapt=True)
+    logs.setup("up", cfg.log_level)
+    prepare_state(cfg, say=lambda m: print(m, file=sys.stderr))
+    sup = Supervisor(cfg, Deployment(cfg.models, parse_cuts(args.split), args.replicas),
+                     log_dir=Path(args.log_dir) if args.log_dir else None)
+    stop = {"now": False}
+
+    def on_signal(signum, frame):
+        stop["now"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        url = sup.start()
+        print(f"offramp up: NATS at {url} (state in {cfg.home})", flush=True)
+        sup.wait_ready(args.ready_timeout)
+        print(f"offramp up: ready models={','.join(cfg.models)} "
+              f"pids={json.dumps(sup.pids())}", flush=True)
+        while not stop["now"]:
+            sup.poll()
+            time.sleep(0.2)
+        print("offramp up: stopping", flush=True)
+    finally:
+        sup.stop()
+    return 0

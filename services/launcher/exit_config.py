@@ -1,0 +1,53 @@
+"""``offramp exit-config``: store a new exit-config version and broadcast it to workers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from schemas import subjects
+from schemas.messages import ExitConfig
+from services.common import bus
+from services.common.config import Config
+from services.store.repository import Store
+
+
+def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | None,
+                    sets: list[str], active: str | None, reason: str) -> int:
+    store = Store(cfg.database_url)
+    try:
+        ramps = [r["idx"] if "idx" in r else r["index"] for r in store.ramps(model)]
+        if not ramps:
+            print(f"error: model {model!r} is not registered (run `offramp up` or `offramp prepare`)")
+            return 2
+        if active is not None and active.strip().lower() == "none":
+            active_ramps = []  # vanilla: no ramp runs, nothing exits
+        else:
+            active_ramps = [int(a) for a in active.split(",")] if active else ramps
+        unknown = set(active_ramps) - set(ramps)
+        if unknown:
+            print(f"error: unknown ramp(s) {sorted(unknown)}; model has {ramps}")
+            return 2
+        latest = store.latest_exit_config(model)
+        thresholds = dict(latest.thresholds) if latest else {r: 0.0 for r in ramps}
+        if threshold is not None:
+            thresholds = {r: threshold for r in active_ramps}
+        for s in sets:
+            ramp, _, value = s.partition("=")
+            thresholds[int(ramp)] = float(value)
+        row = store.save_exit_config(model, thresholds, active_ramps, "latency", reason)
+    finally:
+        store.close()
+    config = ExitConfig(model, row.version, row.mode, dict(row.thresholds), list(row.active))
+
+    async def publish() -> None:
+        nc = await bus.connect(nats_url, "offramp-exit-config", connect_timeout=3)
+        await nc.publish(subjects.exit_config(model), config.encode())
+        await nc.flush()
+        await nc.close()
+
+    try:
+        asyncio.run(publish())
+        print(f"exit config v{row.version} for {model}: thresholds={row.thresholds} active={row.active}")
+    except RuntimeError as exc:
+        print(f"stored exit config v{row.version}; not broadcast ({exc}); workers load it on start")
+    return 0

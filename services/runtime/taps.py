@@ -1,0 +1,279 @@
+"""Ramp taps: a stage with active ramps runs as ONE ONNX Runtime call, and each ramp's exits
+are decided inside that call, the moment its head has run.
+
+Splitting a stage at every active ramp (two runtime calls per ramp) costs far more than
+the ramp's own arithmetic on a CPU: a second call, and ONNX Runtime's blocked NCHWc layout
+converted out and back at the cut (about 3 % of EfficientNet-Lite0 per ramp on a 2-core
+machine, more than the 2 % ramp budget). A tapped stage instead fuses every active head
+into the stage graph and ends it in a ``RampTap`` (``ramp_tap.c``, a native custom op): it
+scores each row, marks the rows below the ramp's threshold as exited and hands only those
+to Python (the ``on_exit`` of ``run_with_taps``), so their answers leave while the stage
+goes on. A ramp where nothing exits costs its head and a loop over its logits: no Python
+call inside the runtime (the Python custom op used before called Python at every ramp).
+Every row's top-1 and score come back as an output of the call (telemetry).
+
+When a tap runs is up to ONNX Runtime's node order. Its default order visits the graph's
+leaf nodes last-index-first and runs each one's missing ancestors before it, so the taps
+go last in the node list, the earliest ramp's last: each tap runs right after its head,
+before any node of the blocks after its site. That is an implementation detail of the
+runtime, so every tapped session is checked once with the runtime's profiler
+(``verify_order``) and a stage whose taps do not run in place falls back to split calls.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from services.exits.scores import SCORE_KINDS
+from services.runtime import tap_library
+from services.runtime.onnx_blocks import bind_head
+
+TAP_DOMAIN = "offramp"
+TAP_OP = "RampTap"
+
+# on_exit(ramp, rows, labels, scores, logits) for the rows that exit at ``ramp``; runs
+# inside the runtime call on its thread (the GIL held), must not block
+ExitHandler = Callable[[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TapPlan:
+    """An exit config as the taps read it: thresholds by ramp index (0: never exits)."""
+
+    thresholds: np.ndarray    # float32, indexed by ramp
+    score_kind: int           # index into SCORE_KINDS
+    address: int              # of ``thresholds`` (asking numpy per batch costs ~15 us cold)
+
+
+@functools.lru_cache(maxsize=64)
+def tap_plan(thresholds: tuple[tuple[int, float], ...], score: str) -> TapPlan:
+    """The plan of ``(ramp, threshold)`` pairs and a score kind (cached: a worker builds one
+    per exit config, not per batch)."""
+    if score not in SCORE_KINDS:
+        raise ValueError(f"unknown score kind {score!r}; known: {', '.join(SCORE_KINDS)}")
+    th = np.zeros(max((r for r, _ in thresholds), default=-1) + 1, np.float32)
+    for r, t in thresholds:
+        th[r] = t
+    th.flags.writeable = False
+    return TapPlan(th, SCORE_KINDS.index(score), th.ctypes.data)
+
+
+class _Run:
+    __slots__ = ("errors", "on_exit", "reported")
+
+    def __init__(self, on_exit: ExitHandler | None) -> None:
+        self.on_exit = on_exit
+        self.reported: list[int] = []
+        self.errors: list[BaseException] = []
+
+
+_local = threading.local()
+_lib: ctypes.CDLL | None = None
+
+
+@tap_library.EXIT_CALLBACK
+def _on_exit(ramp, batch, n, rows, logits, classes, outcome) -> None:
+    run: _Run | None = getattr(_local, "run", None)
+    if run is None:
+        return
+    try:
+        run.reported.append(int(ramp))
+        if n == 0 or run.on_exit is None:
+            return
+        idx = np.ctypeslib.as_array(rows, shape=(n,)).copy()
+        got = np.ctypeslib.as_array(outcome, shape=(batch, 2))[idx]
+        run.on_exit(int(ramp), idx, got[:, 0].astype(np.int32), got[:, 1].copy(),
+                    np.ctypeslib.as_array(logits, shape=(batch, classes))[idx])
+    except BaseException as exc:  # noqa: BLE001 - raised again after the runtime call
+        run.errors.append(exc)
+
+
+def _library() -> ctypes.CDLL:
+    global _lib
+    if _lib is None:
+        lib = tap_library.load()
+        if lib is None:
+            raise RuntimeError(tap_library.failure() or "no ramp tap library")
+        lib.lib.offramp_tap_callback(_on_exit)
+        _lib = lib.lib
+    return _lib
+
+
+def run_with_taps(call: Callable[[], T], plan: TapPlan, exit_at: np.ndarray,
+                  on_exit: ExitHandler | None = None, report_all: bool = False
+                  ) -> tuple[T, list[int]]:
+    """``call()`` (a runtime call of a tapped session, on this thread) with its taps deciding
+    by ``plan`` on the batch's exit state ``exit_at`` (int32 per row, -1 = running; the taps
+    write the ramp a row exits at) and calling ``on_exit`` for the rows that exit. The
+    runtime runs a custom op on the thread that called it (``verify_order`` checks that).
+    ``report_all``: every tap calls back and nothing exits (the order check). Returns the
+    call's result and the ramps that called back, in order; a handler's exception is raised
+    when the call is over."""
+    lib = _lib or _library()  # every step here is paid per batch, on caches the model run
+    if exit_at.dtype != np.int32 or not exit_at.flags.c_contiguous:  # just evicted: few steps
+        raise ValueError("exit_at must be a contiguous int32 array")
+    run = _local.run = _Run(on_exit)  # runs do not nest (one state per thread in C)
+    lib.offramp_tap_begin(plan.address, plan.thresholds.size,
+                          exit_at.__array_interface__["data"][0], exit_at.shape[0],
+                          plan.score_kind, int(report_all))
+    try:
+        result = call()
+    finally:
+        lib.offramp_tap_end()
+        _local.run = None
+    if run.errors:
+        raise run.errors[0]
+    return result, run.reported
+
+
+def tap_node(ramp: int) -> str:
+    """Name of a ramp's tap node."""
+    return f"ramp{ramp}/tap"
+
+
+def tap_output(ramp: int) -> str:
+    """Name of a ramp's tap output: float [batch, 2] of (top-1 label, exit score) per row."""
+    return f"ramp{ramp}/outcome"
+
+
+def tapped(stage: onnx.ModelProto, heads: Sequence[tuple[int, str, onnx.ModelProto]]
+           ) -> onnx.ModelProto:
+    """``stage`` plus, for each ``(ramp, site tensor, head model)`` in site order, the head
+    reading the site tensor and a tap on its logits. Outputs: the stage's, then each tap's
+    outcome in ramp order (a graph output keeps the tap alive)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(stage)
+    out.MergeFrom(tap_extension(StageFacts.of(stage), heads))
+    return out
+
+
+@dataclass(frozen=True)
+class StageFacts:
+    """What ``tap_extension`` checks heads against: the stage's tensors and opsets."""
+
+    tensors: frozenset[str]
+    opsets: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, stage: onnx.ModelProto) -> StageFacts:
+        g = stage.graph
+        return cls(frozenset({o for n in g.node for o in n.output if o} |
+                             {i.name for i in g.input}),
+                   tuple((o.domain, o.version) for o in stage.opset_import))
+
+
+def tap_extension(stage: StageFacts, heads: Sequence[tuple[int, str, onnx.ModelProto]]
+                  ) -> onnx.ModelProto:
+    """What a tapped stage adds to its stage, as a ModelProto to merge into it: the heads'
+    nodes and weights, the taps (last: the earliest ramp's tap is the last leaf, so it runs
+    first), their outputs and the tap domain's opset. Protobuf parses concatenated
+    serializations as one merged message (repeated fields append), so a worker appends
+    these few bytes to its stage's cached serialization instead of copying and
+    re-serializing the whole stage (about 0.3 s with the GIL held for MiniLM's 90 MB, long
+    enough to stall the worker's heartbeats)."""
+    ext = onnx.ModelProto()
+    g = ext.graph
+    opsets = dict(stage.opsets)
+    head_nodes: list[onnx.NodeProto] = []
+    tap_nodes: list[onnx.NodeProto] = []
+    added_inputs = set()
+    for ramp, site, head in heads:
+        if site not in stage.tensors:
+            raise ValueError(f"ramp {ramp}: site tensor {site!r} is not in the stage")
+        h = bind_head(pool_in_layout(head), f"ramp{ramp}/", site)
+        for domain, version in h.opsets.items():
+            if domain in ("", "ai.onnx") and version > opsets.get(domain, version):
+                raise ValueError(f"ramp {ramp}'s head needs opset {version} > the stage's")
+        logits = h.output.name
+        head_nodes.extend(h.nodes)
+        g.initializer.extend(h.initializers)
+        for vi in h.inputs:  # e.g. the attention mask, where the stage does not read it
+            if vi.name not in stage.tensors and vi.name not in added_inputs:
+                g.input.append(vi)
+                added_inputs.add(vi.name)
+        tap_nodes.append(helper.make_node(TAP_OP, [logits], [tap_output(ramp)],
+                                          domain=TAP_DOMAIN, name=tap_node(ramp), ramp=ramp))
+    g.node.extend(head_nodes)
+    g.node.extend(reversed(tap_nodes))
+    for ramp, _, _ in heads:
+        g.output.append(helper.make_tensor_value_info(tap_output(ramp), TensorProto.FLOAT, None))
+    if TAP_DOMAIN not in opsets:
+        ext.opset_import.append(helper.make_opsetid(TAP_DOMAIN, 1))
+    return ext
+
+
+def pool_in_layout(head: onnx.ModelProto) -> onnx.ModelProto:
+    """A head that opens with a spatial mean (ReduceMean over axes 2, 3) gets the equal
+    GlobalAveragePool + Flatten instead: ONNX Runtime runs that in its blocked layout, so
+    the site tensor is not converted back to NCHW just to be averaged."""
+    first = head.graph.node[0] if head.graph.node else None
+    if first is None or first.op_type != "ReduceMean" or len(first.input) != 1:
+        return head
+    attrs = {a.name: helper.get_attribute_value(a) for a in first.attribute}
+    if sorted(attrs.get("axes", [])) not in ([2, 3], [-2, -1]) or attrs.get("keepdims", 1) != 0:
+        return head
+    out = onnx.ModelProto()
+    out.CopyFrom(head)
+    pooled = f"{first.output[0]}/pooled"
+    nodes = [helper.make_node("GlobalAveragePool", [first.input[0]], [pooled],
+                              name=f"{first.name}/gap"),
+             helper.make_node("Flatten", [pooled], [first.output[0]], axis=1,
+                              name=f"{first.name}/flatten")]
+    nodes.extend(out.graph.node[1:])
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
+@dataclass(frozen=True)
+class OrderCheck:
+    ok: bool
+    reason: str
+
+
+def profile_into(so, folder: str) -> None:
+    """Session options that profile the first run(s) into ``folder`` (see verify_order)."""
+    so.enable_profiling = True
+    so.profile_file_prefix = os.path.join(folder, "tapped")
+
+
+def verify_order(sess, feeds: dict[str, np.ndarray], ramps: Sequence[int],
+                 later_nodes: dict[int, set[str]]) -> OrderCheck:
+    """Run a tapped session built with ``profile_into`` once and check that every tap ran
+    on the calling thread, in ramp order, before any node of the blocks after its site
+    (``later_nodes[ramp]``: names of those nodes in the source graph; nodes the optimizer
+    renamed are not checked). Ends the profiling: the session then serves as usual."""
+    batch = next(iter(feeds.values())).shape[0] if feeds else 1
+    _, reported = run_with_taps(lambda: sess.run(None, feeds), tap_plan((), "max_softmax"),
+                                np.full(batch, -1, np.int32), report_all=True)
+    path = sess.end_profiling()
+    with open(path) as f:
+        events = json.load(f)
+    if reported != list(ramps):
+        return OrderCheck(False, f"taps ran {reported} on the calling thread, "
+                          f"expected {list(ramps)}")
+    kernels = sorted((e for e in events if e.get("cat") == "Node"
+                      and str(e.get("name", "")).endswith("_kernel_time")),
+                     key=lambda e: e["ts"])
+    names = [e["name"][: -len("_kernel_time")] for e in kernels]
+    for r in ramps:
+        tap = tap_node(r)
+        if tap not in names:
+            return OrderCheck(False, f"the profile shows no run of {tap}")
+        early = [n for n in names[: names.index(tap)] if n in later_nodes.get(r, set())]
+        if early:
+            return OrderCheck(False, f"{len(early)} nodes after ramp {r}'s site ran before its "
+                              f"tap (first: {early[0]})")
+    return OrderCheck(True, "every tap ran right after its head")

@@ -1,0 +1,46 @@
+"""`offramp bench apparate --trace` end to end: JSON, SVG, default arrivals."""
+
+from __future__ import annotations
+
+from services.sim.trace import Trace
+from tests.unit.test_sim_replay import easy
+
+
+def test_bench_apparate_writes_json_and_svg(tmp_path, capsys) -> None:
+    import json
+    import xml.etree.ElementTree as ET
+
+    from services.cli.main import main
+
+    path = easy(n=300).save(tmp_path / "easy.npz")
+    out, svg = tmp_path / "out.json", tmp_path / "plot.svg"
+    assert main(["bench", "apparate", "--trace", str(path), "--json", str(out), "--plot", str(svg),
+                          "--grid-rounds", "2"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "replay simulation" and "replay simulation" in capsys.readouterr().out
+    for name in ("vanilla", "static", "offramp", "hindsight", "oracle"):
+        assert {"p25_ms", "p50_ms", "p95_ms", "agreement", "worst_window_agreement"} <= set(
+            doc[name])
+    assert {"tuning_ms_p50", "adjust_ms_p50", "grid_gap", "machine"} <= set(doc)
+    assert ET.parse(svg).getroot().tag.endswith("svg")
+    assert main(["bench", "apparate", "--trace", str(tmp_path / "nope.npz"), "--json", str(out)]) == 2
+    assert doc["feedback_backlog"] == 8 and doc["timing_passes"] == 3
+    for live in ([], ["--live", "--workload", "video"]):  # checked before anything starts
+        assert main(["bench", "apparate", "--trace", str(path), "--json", str(out),
+                              "--feedback-backlog", "-1", *live]) == 2
+        assert "--feedback-backlog must be >= 0" in capsys.readouterr().err
+
+
+def test_bench_apparate_defaults_to_light_load_without_arrivals(tmp_path, capsys) -> None:
+    import json
+
+    from services.cli.main import main
+
+    tr = easy(n=200)
+    bare = Trace(tr.ramp_pred, tr.ramp_score, tr.final_pred, tr.prefix_ms, tr.ramp_cost_ms, None)
+    path = bare.save(tmp_path / "bare.npz")
+    out = tmp_path / "out.json"
+    assert main(["bench", "apparate", "--trace", str(path), "--json", str(out), "--grid-rounds", "0"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["arrivals"] == "poisson:20"  # 20% of a 10 ms model's 100 req/s
+    assert "no arrival_s" in capsys.readouterr().err

@@ -1,0 +1,58 @@
+"""A restarted tuner (services.tuner.service.Tuner.load) resumes its saved controller, but
+with the model's current serving profile and the configured ramp budget."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from services.common import config as config_mod
+from services.exits.latency_profile import LatencyProfile
+from services.runtime.manifest import Manifest
+from services.store.migrate import upgrade
+from services.store.repository import Store
+from services.tuner.controller import ExitController
+from services.tuner.service import Tuner
+
+MODEL = "tiny"
+
+
+@pytest.fixture()
+def tuner(models_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("OFFRAMP_MODELS_DIR", str(models_dir))
+    monkeypatch.setenv("OFFRAMP_RAMP_BUDGET", "0.3")
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    store = Store(url)
+    yield Tuner(None, config_mod.load(), store, logging.getLogger("test"))
+    store.close()
+
+
+def _save(tuner: Tuner, profile: LatencyProfile, version: int) -> None:
+    ctrl = ExitController(profile, [0, 1], [0.1, 0.2], budget=0.02, version=version)
+    tuner.store.save_tuner_state(MODEL, ctrl.to_dict(), version)
+
+
+def test_resume_refreshes_profile_and_budget(tuner, models_dir):
+    manifest = Manifest.load(models_dir / MODEL)
+    row = tuner.store.save_exit_config(MODEL, {0: 0.1, 1: 0.2}, [0, 1], "latency", "test")
+    current = LatencyProfile.from_manifest(manifest)
+    stale = LatencyProfile.build(current.prefix_ms * 3, current.ramp_cost_ms * 5)
+    _save(tuner, stale, row.version)
+    got = tuner.load(MODEL).controller
+    assert got.active == (0, 1) and got.thresholds == (0.1, 0.2)  # resumed, not reset
+    assert list(got.profile.ramp_cost_ms) == list(current.ramp_cost_ms)
+    assert got.budget == 0.3
+
+
+def test_resume_with_other_sites_starts_from_the_config_in_force(tuner, models_dir):
+    manifest = Manifest.load(models_dir / MODEL)
+    row = tuner.store.save_exit_config(MODEL, {0: 0.1, 1: 0.2}, [0, 1], "latency", "test")
+    more = LatencyProfile.from_manifest(manifest)
+    wider = LatencyProfile.build([*more.prefix_ms[:-1], more.prefix_ms[-1], more.prefix_ms[-1]],
+                                 [*more.ramp_cost_ms, 0.001])
+    _save(tuner, wider, row.version)
+    got = tuner.load(MODEL).controller
+    assert got.profile.n_sites == len(manifest.ramps)
+    assert got.active == (0, 1) and got.thresholds == (0.1, 0.2) and got.seen == 0

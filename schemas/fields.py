@@ -8,6 +8,7 @@ and the field, and says what was expected and what came instead.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -55,37 +56,27 @@ class FieldReader:
     def _wrong(self, name: str, expected: str, value: Any) -> ServingError:
         return self.error(f"field {name!r} must be {expected}, got {value!r:.80}")
 
-    def text(self, name: str, default: Any = REQUIRED) -> str:
+    def _typed(self, name: str, default: Any, ok: Callable[[Any], bool], expected: str,
+               convert: Callable[[Any], Any]) -> Any:
         value = self._value(name, default)
         if value is None:
             return default
-        if not isinstance(value, str):
-            raise self._wrong(name, "a string", value)
-        return value
+        if not ok(value):
+            raise self._wrong(name, expected, value)
+        return convert(value)
+
+    def text(self, name: str, default: Any = REQUIRED) -> str:
+        return self._typed(name, default, lambda v: isinstance(v, str), "a string", str)
 
     def integer(self, name: str, default: Any = REQUIRED) -> int:
-        value = self._value(name, default)
-        if value is None:
-            return default
-        if not _is_int(value):
-            raise self._wrong(name, "an integer", value)
-        return int(value)
+        return self._typed(name, default, _is_int, "an integer", int)
 
     def number(self, name: str, default: Any = REQUIRED) -> float:
-        value = self._value(name, default)
-        if value is None:
-            return default
-        if not _is_number(value):
-            raise self._wrong(name, "a number", value)
-        return float(value)
+        return self._typed(name, default, _is_number, "a number", float)
 
     def flag(self, name: str, default: Any = REQUIRED) -> bool:
-        value = self._value(name, default)
-        if value is None:
-            return default
-        if not isinstance(value, bool | np.bool_):
-            raise self._wrong(name, "a bool", value)
-        return bool(value)
+        return self._typed(name, default, lambda v: isinstance(v, bool | np.bool_), "a bool",
+                           bool)
 
     def _array(self, name: str) -> list:
         value = self._value(name, REQUIRED)

@@ -25,10 +25,14 @@ _KIND_NAMES = {INTS: "integers", FLOATS: "floats"}
 
 
 def _is_int(value: Any) -> bool:
+    if type(value) is int:  # what msgpack gives: skip the slow ABC check
+        return True
     return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
 
 
 def _is_number(value: Any) -> bool:
+    if type(value) is float or type(value) is int:  # what msgpack gives
+        return True
     return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
 
 

@@ -126,12 +126,32 @@ class RequestTelemetry:
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> RequestTelemetry:
         f = FieldReader(msg, "request telemetry")
-        records = []
-        for i, rec in enumerate(f.maps("records")):
-            r = FieldReader(rec, f"request telemetry record {i}")
-            records.append(RequestRecord(
-                id=r.text("id", None), t=r.number("t"), latency_ms=r.number("latency_ms"),
-                status=r.text("status"), exit=r.integer("exit", None),
-                early=r.flag("early", None), label=r.integer("label", None),
-                config_version=r.integer("config_version", None)))
+        records = [_exact_record(rec) or _checked_record(rec, i)
+                   for i, rec in enumerate(f.maps("records"))]
         return cls(model=f.text("model"), router=f.text("router"), records=records)
+
+
+def _optional(value: Any, kind: type) -> bool:
+    return value is None or type(value) is kind
+
+
+def _exact_record(rec: dict) -> RequestRecord | None:
+    """The record as :meth:`RequestTelemetry.encode` writes it (exact types), else None.
+    A monitor decodes one per request served: this path skips the per-field checks."""
+    t, latency, status = rec.get("t"), rec.get("latency_ms"), rec.get("status")
+    rid, exit_, early = rec.get("id"), rec.get("exit"), rec.get("early")
+    label, version = rec.get("label"), rec.get("config_version")
+    if (type(t) is float and type(latency) is float and type(status) is str
+            and _optional(rid, str) and _optional(exit_, int) and _optional(early, bool)
+            and _optional(label, int) and _optional(version, int)):
+        return RequestRecord(rid, t, latency, status, exit_, early, label, version)
+    return None
+
+
+def _checked_record(rec: dict, i: int) -> RequestRecord:
+    """Any other record, field by field: a clear error names what is wrong."""
+    r = FieldReader(rec, f"request telemetry record {i}")
+    return RequestRecord(
+        id=r.text("id", None), t=r.number("t"), latency_ms=r.number("latency_ms"),
+        status=r.text("status"), exit=r.integer("exit", None), early=r.flag("early", None),
+        label=r.integer("label", None), config_version=r.integer("config_version", None))

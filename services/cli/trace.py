@@ -43,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rec.add_argument("--arrivals", help="arrival process to store, e.g. poisson:10 "
                      "(see services/workloads/arrivals.py)")
     rec.add_argument("--score", default="max_softmax", help="exit score kind")
+    rec.add_argument("--features", action="store_true",
+                     help="also store what every ramp head read (pooled features), the heads "
+                     "and, for models of up to 100 classes, the final logits: what replays of "
+                     "online ramp refits need (a few MB more per 1,000 samples)")
     rec.add_argument("--models-dir", help="default: $OFFRAMP_MODELS_DIR")
     rec.add_argument("--quiet", action="store_true", help="no progress output")
 
@@ -104,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             meta["arrivals"] = args.arrivals
         say = None if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
         trace = record_trace(model_dir, chunks, score=args.score, arrivals=arrivals,
+                             features=args.features,
                              progress=say, total=n, meta=meta)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

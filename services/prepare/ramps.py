@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from services.runtime.pooling import POOLS, pool_np
 from services.training.adam import Adam, torch_threads
 
 # "masked_mean": a text model's mean over its real tokens (the head also reads the
 # attention mask). On MiniLM's fortunes it beat the plain mean, which also averages the
 # padding, by 2-4 points of held-out agreement per ramp (first token: 3-7 points below).
-POOLS = ("gap", "mean", "first", "masked_mean")
 # What a ramp learns of the final model: its top-1 ("top1") or its softmax ("softmax",
 # distillation, sharpened: see below). An exit needs a ramp that is *confident exactly where
 # it agrees*, and the final model's own doubt (a 0.4 / 0.35 split) is what the ramp should
@@ -51,23 +51,6 @@ Log = Callable[[str], None]
 
 def stderr_log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def pool_np(x: np.ndarray, pool: str = "gap", mask: np.ndarray | None = None) -> np.ndarray:
-    """N×C×H×W -> N×C by global average; N×S×H -> N×H by mean, first token or mean over
-    the tokens ``mask`` (N×S) marks; N×C as is."""
-    if x.ndim == 4:
-        return x.mean(axis=(2, 3))
-    if x.ndim == 3:
-        if pool == "masked_mean":
-            if mask is None:
-                raise ValueError("masked_mean pooling needs the attention mask")
-            m = np.asarray(mask, np.float32)[:, :, None]
-            return (x * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1.0)
-        return x[:, 0] if pool == "first" else x.mean(axis=1)
-    if x.ndim == 2:
-        return x
-    raise ValueError(f"cannot pool activations of shape {x.shape}")
 
 
 def arch_name(ndim: int, pool: str) -> str:

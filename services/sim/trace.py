@@ -13,6 +13,13 @@ over the same stream without new inference. Format (``.npz``, R sites, N samples
 - ``ramp_cost_ms`` float R       latency each ramp adds to a sample that reaches it
 - ``arrival_s``    float N       optional arrival times (seconds from the start, sorted)
 - ``meta_json``    str           optional provenance (model, score kind, workload, ...)
+
+With ``trace record --features`` (what ``offramp+refit`` replays need), per site ``k``:
+
+- ``features_k``     float32 N x C_k   the pooled activation the ramp's linear layer reads
+- ``head_weight_k``  float32 K x C_k   the prepared head's linear layer (K classes) ...
+- ``head_bias_k``    float32 K         ... and its bias
+- ``final_logits``   float32 N x K     optional: the final model's logits (soft targets)
 """
 
 from __future__ import annotations
@@ -31,13 +38,65 @@ from services.exits.exit_window import ExitWindow
 from services.exits.latency_profile import LatencyProfile
 from services.exits.scores import exit_score
 from services.runtime.manifest import Manifest
+from services.runtime.pooling import pool_np
+from services.runtime.ramp_heads import LinearHead, load_head
 from services.runtime.stage import StageRuntime
 
 _REQUIRED = ("ramp_pred", "ramp_score", "final_pred", "prefix_ms", "ramp_cost_ms")
+SOFT_TARGET_CLASSES = 100  # final logits are kept up to this many classes (N x K floats)
 
 
 class TraceError(ValueError):
     """A trace file or array that does not follow the format above."""
+
+
+@dataclass(frozen=True, eq=False)
+class TraceFeatures:
+    """What each site's ramp head read, and the prepared head itself: enough to score any
+    other head on the same samples (an online refit) without new inference."""
+
+    by_site: list[np.ndarray]        # R arrays, float32 N x C_k
+    weight: list[np.ndarray]         # R arrays, float32 K x C_k
+    bias: list[np.ndarray]           # R arrays, float32 K
+    final_logits: np.ndarray | None = None  # float32 N x K, or None
+
+    def validate(self, n_sites: int, n: int) -> None:
+        if not len(self.by_site) == len(self.weight) == len(self.bias) == n_sites:
+            raise TraceError(f"features need one array, weight and bias per site ({n_sites}), "
+                             f"got {len(self.by_site)}, {len(self.weight)}, {len(self.bias)}")
+        for k, (f, w, b) in enumerate(zip(self.by_site, self.weight, self.bias, strict=True)):
+            if f.ndim != 2 or f.shape[0] != n:
+                raise TraceError(f"features_{k} must be N x C with N = {n}, got {f.shape}")
+            if w.ndim != 2 or w.shape[1] != f.shape[1] or b.shape != (w.shape[0],):
+                raise TraceError(f"head_weight_{k} / head_bias_{k} must be K x {f.shape[1]} and "
+                                 f"K, got {w.shape} and {b.shape}")
+        if self.final_logits is not None and (self.final_logits.ndim != 2
+                                              or self.final_logits.shape[0] != n):
+            raise TraceError(f"final_logits must be N x K with N = {n}, "
+                             f"got {self.final_logits.shape}")
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {}
+        for k, (f, w, b) in enumerate(zip(self.by_site, self.weight, self.bias, strict=True)):
+            out |= {f"features_{k}": f.astype(np.float32), f"head_weight_{k}": w.astype(np.float32),
+                    f"head_bias_{k}": b.astype(np.float32)}
+        if self.final_logits is not None:
+            out["final_logits"] = self.final_logits.astype(np.float32)
+        return out
+
+    @classmethod
+    def from_arrays(cls, z, n_sites: int) -> TraceFeatures | None:
+        """The features of an opened trace file, or None when it was recorded without."""
+        if "features_0" not in z.files:
+            return None
+        missing = [f"{key}_{k}" for k in range(n_sites)
+                   for key in ("features", "head_weight", "head_bias") if f"{key}_{k}" not in z.files]
+        if missing:
+            raise TraceError(f"the trace's features lack {', '.join(missing[:3])}")
+        return cls([z[f"features_{k}"] for k in range(n_sites)],
+                   [z[f"head_weight_{k}"] for k in range(n_sites)],
+                   [z[f"head_bias_{k}"] for k in range(n_sites)],
+                   z["final_logits"] if "final_logits" in z.files else None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,6 +108,7 @@ class Trace:
     ramp_cost_ms: np.ndarray
     arrival_s: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    features: TraceFeatures | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -95,6 +155,8 @@ class Trace:
                 raise TraceError(f"arrival_s needs one time per sample ({n}), got {a.shape}")
             if not np.all(np.isfinite(a)) or (n and a[0] < 0) or np.any(np.diff(a) < 0):
                 raise TraceError("arrival_s must be finite, >= 0 and sorted")
+        if self.features is not None:
+            self.features.validate(r, n)
         object.__setattr__(self, "ramp_pred", rp.astype(np.int64, copy=False))
         object.__setattr__(self, "ramp_score", rs.astype(np.float64, copy=False))
         object.__setattr__(self, "final_pred", fp.astype(np.int64, copy=False))
@@ -125,6 +187,8 @@ class Trace:
             "ramp_cost_ms": self.ramp_cost_ms, "meta_json": np.array(json.dumps(self.meta))}
         if self.arrival_s is not None:
             arrays["arrival_s"] = self.arrival_s
+        if self.features is not None:
+            arrays |= self.features.arrays()
         tmp = path.with_name(f".{path.name}.tmp.npz")
         np.savez_compressed(tmp, **arrays)
         tmp.replace(path)
@@ -148,7 +212,8 @@ class Trace:
             # float32 scores come back as float64 holding the same values: replays are exact
             return cls(z["ramp_pred"], z["ramp_score"].astype(np.float64), z["final_pred"],
                        z["prefix_ms"], z["ramp_cost_ms"],
-                       z["arrival_s"] if "arrival_s" in z.files else None, meta)
+                       z["arrival_s"] if "arrival_s" in z.files else None, meta,
+                       TraceFeatures.from_arrays(z, z["ramp_pred"].shape[0]))
 
 
 PROGRESS_EVERY_S = 2.0  # between progress lines
@@ -166,41 +231,92 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _features_of(rt: StageRuntime, chunk: dict[str, np.ndarray] | np.ndarray,
+                 heads: dict[int, LinearHead]) -> tuple[np.ndarray, dict[int, np.ndarray],
+                                                     dict[int, np.ndarray]]:
+    """Like ``StageRuntime.run_all``, plus each ramp's pooled features."""
+    model_inputs = chunk if isinstance(chunk, dict) else None
+    logits: dict[int, np.ndarray] = {}
+    feats: dict[int, np.ndarray] = {}
+    x: dict[str, np.ndarray] | np.ndarray = chunk
+    for i in range(rt.first_block, rt.last_block):
+        x = rt.run_block(i, x, model_inputs)
+        for r in rt.ramps:
+            if r.after_block == i:
+                logits[r.index] = rt.run_ramp(r.index, x, model_inputs)
+                mask = model_inputs[r.inputs[0]] if r.inputs and model_inputs else None
+                feats[r.index] = pool_np(x, heads[r.index].pool, mask).astype(np.float32)
+    assert isinstance(x, np.ndarray)
+    return x, logits, feats
+
+
 def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
                  score: str = "max_softmax", arrivals: np.ndarray | None = None,
                  progress: Callable[[str], None] | None = _stderr, total: int | None = None,
-                 device: str = "cpu", meta: dict[str, Any] | None = None) -> Trace:
+                 device: str = "cpu", meta: dict[str, Any] | None = None,
+                 features: bool = False) -> Trace:
     """Run a prepared model in process with every ramp active over ``inputs`` (chunks of
     samples, dict by input name) and record each ramp's top-1 and exit score and the final
-    top-1. Latencies come from the manifest (measured once at preparation), not from this run,
-    so a trace does not depend on how loaded the machine was while recording."""
+    top-1 (``features``: also what each head read, the heads, and the final logits of a model
+    with at most ``SOFT_TARGET_CLASSES`` classes). Latencies come from the manifest
+    (measured once at preparation), not from this run, so a trace does not depend on how
+    loaded the machine was while recording."""
     model_dir = Path(model_dir)
     manifest = Manifest.load(model_dir)
     if not manifest.ramps:
         raise TraceError(f"{manifest.name} has no ramps: nothing to trace")
     rt = StageRuntime(model_dir, manifest, 0, manifest.num_blocks, device=device)
     ids = sorted(r.index for r in manifest.ramps)
-    preds: list[np.ndarray] = []
-    scores: list[np.ndarray] = []
-    finals: list[np.ndarray] = []
-    done, t0 = 0, time.perf_counter()
-    said = t0
+    heads = {i: load_head(model_dir, manifest.ramp(i)) for i in ids} if features else {}
+    rec = _Recording(ids, score, keep_logits=features and manifest.classes <= SOFT_TARGET_CLASSES)
+    t0 = said = time.perf_counter()
     for chunk in inputs:
-        final, ramp_logits = rt.run_all(chunk)
-        preds.append(np.stack([ramp_logits[i].argmax(axis=1) for i in ids]))
-        scores.append(np.stack([exit_score(ramp_logits[i], score) for i in ids]))
-        finals.append(final.argmax(axis=1))
-        done += final.shape[0]
+        if features:
+            rec.add(*_features_of(rt, chunk, heads))
+        else:
+            rec.add(*rt.run_all(chunk), {})
         if progress is not None and time.perf_counter() - said >= PROGRESS_EVERY_S:
-            said = _report(progress, manifest.name, done, total, t0)
-    if progress is not None and done:
-        _report(progress, manifest.name, done, total, t0)  # the last line: what was recorded
-    if not finals:
+            said = _report(progress, manifest.name, rec.done, total, t0)
+    if progress is not None and rec.done:
+        _report(progress, manifest.name, rec.done, total, t0)  # the last line: what was recorded
+    if not rec.finals:
         raise TraceError("no inputs given: a trace needs at least one sample")
     prof = LatencyProfile.from_manifest(manifest)
     info = {"model": manifest.name, "model_version": manifest.version, "score": score,
             "ramp_ids": ids, "after_block": [manifest.ramp(i).after_block for i in ids],
             "latency_source": "manifest serving profile, batch 1 (LatencyProfile.from_manifest)",
-            **(meta or {})}
-    return Trace(np.concatenate(preds, axis=1), np.concatenate(scores, axis=1).astype(np.float64),
-                 np.concatenate(finals), prof.prefix_ms, prof.ramp_cost_ms, arrivals, info)
+            **({"head_pools": [heads[i].pool for i in ids]} if features else {}), **(meta or {})}
+    return Trace(np.concatenate(rec.preds, axis=1),
+                 np.concatenate(rec.scores, axis=1).astype(np.float64),
+                 np.concatenate(rec.finals), prof.prefix_ms, prof.ramp_cost_ms, arrivals, info,
+                 rec.trace_features(heads) if features else None)
+
+
+class _Recording:
+    """The arrays of a trace as its chunks come in."""
+
+    def __init__(self, ids: list[int], score: str, keep_logits: bool) -> None:
+        self.ids, self.score, self.keep_logits = ids, score, keep_logits
+        self.preds: list[np.ndarray] = []
+        self.scores: list[np.ndarray] = []
+        self.finals: list[np.ndarray] = []
+        self.final_logits: list[np.ndarray] = []
+        self.feats: dict[int, list[np.ndarray]] = {i: [] for i in ids}
+        self.done = 0
+
+    def add(self, final: np.ndarray, ramp_logits: dict[int, np.ndarray],
+            feats: dict[int, np.ndarray]) -> None:
+        self.preds.append(np.stack([ramp_logits[i].argmax(axis=1) for i in self.ids]))
+        self.scores.append(np.stack([exit_score(ramp_logits[i], self.score) for i in self.ids]))
+        self.finals.append(final.argmax(axis=1))
+        if self.keep_logits:
+            self.final_logits.append(final.astype(np.float32))
+        for i, f in feats.items():
+            self.feats[i].append(f)
+        self.done += final.shape[0]
+
+    def trace_features(self, heads: dict[int, LinearHead]) -> TraceFeatures:
+        return TraceFeatures([np.concatenate(self.feats[i]) for i in self.ids],
+                             [heads[i].weight for i in self.ids],
+                             [heads[i].bias for i in self.ids],
+                             np.concatenate(self.final_logits) if self.keep_logits else None)

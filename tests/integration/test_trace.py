@@ -7,6 +7,7 @@ import pytest
 
 from services.exits.scores import exit_score
 from services.runtime.manifest import Manifest
+from services.runtime.ramp_heads import load_head
 from services.runtime.stage import StageRuntime
 from services.sim.trace import Trace, TraceError, record_trace
 from services.zoo.registry import sample_inputs
@@ -49,3 +50,25 @@ def test_record_trace_on_tiny(models_dir, tmp_path) -> None:
 def test_record_needs_inputs(models_dir) -> None:
     with pytest.raises(TraceError, match="no inputs"):
         record_trace(models_dir / "tiny", iter([]), progress=None)
+
+
+@pytest.mark.parametrize("model", ["tiny", "minilm-topics"])
+def test_features_reproduce_every_ramps_answers(zoo_dir, tmp_path, model) -> None:
+    """The recorded features through the recorded heads give the recorded predictions and
+    scores: a replay can score any other head on them."""
+    model_dir = zoo_dir / model
+    manifest = Manifest.load(model_dir)
+    x = sample_inputs(model, 24, seed=3)
+    tr = record_trace(model_dir, iter([x]), progress=None, features=True)
+    back = Trace.load(tr.save(tmp_path / "t.npz"))
+    f = back.features
+    assert f is not None and len(f.by_site) == len(manifest.ramps)
+    for k, r in enumerate(sorted(manifest.ramps, key=lambda q: q.index)):
+        head = load_head(model_dir, r)
+        assert np.array_equal(f.weight[k], head.weight) and np.array_equal(f.bias[k], head.bias)
+        logits = f.by_site[k] @ f.weight[k].T + f.bias[k]
+        assert (logits.argmax(axis=1) == back.ramp_pred[k]).all()
+        assert np.allclose(exit_score(logits), back.ramp_score[k], atol=1e-4)
+    assert f.final_logits is not None and f.final_logits.shape == (24, manifest.classes)
+    assert (f.final_logits.argmax(axis=1) == back.final_pred).all()
+    assert back.meta["head_pools"][0] in ("gap", "masked_mean")

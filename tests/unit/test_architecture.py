@@ -32,6 +32,7 @@ POLICY_MODULES = {
     "services.router.workers",
     "services.tuner.controller",
     "services.tuner.ramp_adjust",
+    "services.tuner.refit",
     "services.tuner.thresholds",
     "services.worker.feedback_backlog",
     "services.worker.telemetry",

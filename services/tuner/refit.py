@@ -1,0 +1,209 @@
+"""Online refits of ramp heads from the feedback latency mode already produces (pure).
+
+Every sample reaches the final layer, so the final model's answer labels every input for
+free. A worker publishes, for a sample of inputs, each ramp's pooled features beside the
+final answer; the tuner keeps the newest of them per ramp (:class:`RampBuffer`) and, from
+time to time, refits the ramp's linear layer on them (:func:`refit`), warm-started from
+the head it serves. A candidate is deployed only when it beats the serving head on the
+newest samples, held back from the fit, by ``margin`` in agreement with the final model,
+and is calibrated no worse there (:func:`judge`): thresholds are set on scores, and a head
+that is right more often but confident in the wrong places would exit the wrong samples.
+
+The fit is softmax regression on standardised features (the scaling is folded back into
+the weights, so a head still takes raw pooled features). Only the classes that matter on
+the buffer move: those some sample is labelled with, and those the serving head ranks
+first somewhere (it must learn to stop saying them). The other classes' weights stay as
+they are and enter the softmax through one log-sum-exp computed once per refit, which
+keeps a refit of a 1000-class head within tens of milliseconds on a small CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.exits.scores import softmax
+
+
+@dataclass(frozen=True)
+class RefitConfig:
+    capacity: int = 1024        # samples a ramp's buffer keeps (the newest)
+    min_samples: int = 256      # a buffer refits once it holds this many
+    holdout: float = 0.25       # the newest share, held back to judge the candidate
+    steps: int = 40             # Adam steps per refit
+    lr: float = 0.05            # on standardised features
+    l2: float = 1e-3            # pulls the moved weights towards the serving head's
+    margin: float = 0.01        # agreement the candidate must gain on the held-back samples
+    calibration_slack: float = 0.01  # how much worse its calibration error may be
+
+
+@dataclass(frozen=True, eq=False)
+class Head:
+    """A ramp's linear layer: ``logits = x @ weight.T + bias`` on pooled features."""
+
+    weight: np.ndarray   # float32 K x C
+    bias: np.ndarray     # float32 K
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, np.float32) @ self.weight.T + self.bias
+
+
+class RampBuffer:
+    """The newest ``capacity`` (features, target) pairs of one ramp, oldest first.
+
+    A target is the final model's top-1 (int) or its probabilities (K floats, soft targets).
+    """
+
+    def __init__(self, capacity: int, dim: int, soft_classes: int = 0) -> None:
+        if capacity < 1 or dim < 1:
+            raise ValueError("a ramp buffer needs capacity >= 1 and dim >= 1")
+        self.capacity, self.dim, self.soft = capacity, dim, soft_classes
+        self.x = np.zeros((capacity, dim), np.float32)
+        self.y = np.zeros((capacity, soft_classes), np.float32) if soft_classes \
+            else np.zeros(capacity, np.int64)
+        self.n = 0       # samples held
+        self.next = 0    # where the next sample goes
+        self.seen = 0    # samples ever added
+
+    def __len__(self) -> int:
+        return self.n
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        x = np.asarray(x, np.float32)
+        if x.ndim != 2 or x.shape[1] != self.dim or len(y) != len(x):
+            raise ValueError(f"need N x {self.dim} features and N targets, got {x.shape} and "
+                             f"{np.shape(y)}")
+        if len(x) > self.capacity:  # only the newest can stay
+            x, y = x[-self.capacity:], y[-self.capacity:]
+        idx = (self.next + np.arange(len(x))) % self.capacity
+        self.x[idx], self.y[idx] = x, y
+        self.next = int((self.next + len(x)) % self.capacity)
+        self.n = min(self.capacity, self.n + len(x))
+        self.seen += len(x)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(features, targets) held, oldest first."""
+        order = (self.next - self.n + np.arange(self.n)) % self.capacity
+        return self.x[order], self.y[order]
+
+
+def top1(y: np.ndarray) -> np.ndarray:
+    """Hard labels of targets that may be probabilities."""
+    return y if y.ndim == 1 else y.argmax(axis=1)
+
+
+def _moving_classes(head: Head, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Classes the refit moves: every label of the buffer and every serving top-1 on it."""
+    classes = np.union1d(np.unique(top1(y)), np.unique(head.logits(x).argmax(axis=1)))
+    if y.ndim == 2:  # soft targets: the classes that carry mass somewhere
+        classes = np.union1d(classes, np.flatnonzero(y.max(axis=0) >= 0.01))
+    return classes
+
+
+def refit(head: Head, x: np.ndarray, y: np.ndarray, cfg: RefitConfig = RefitConfig()
+          ) -> Head:
+    """Softmax regression of ``x`` on ``y`` warm-started from ``head``: Adam on standardised
+    features over the moving classes, the other classes fixed. Returns the new head."""
+    x = np.asarray(x, np.float32)
+    k = _moving_classes(head, x, y)
+    rest = np.setdiff1d(np.arange(head.weight.shape[0]), k)
+    mean, std = x.mean(axis=0), x.std(axis=0) + 1e-6
+    xs = (x - mean) / std
+    w0 = head.weight[k] * std                                   # the same logits, standardised
+    b0 = head.bias[k] + head.weight[k] @ mean
+    if len(rest):  # the fixed classes' share of every softmax
+        fixed = x @ head.weight[rest].T + head.bias[rest]
+        top = fixed.max(axis=1, keepdims=True)
+        lse_rest = (top + np.log(np.exp(fixed - top).sum(axis=1, keepdims=True)))[:, 0]
+    else:
+        lse_rest = np.full(len(x), -np.inf, np.float32)
+    target = _targets(y, k)
+    w, b = _adam(xs, target, lse_rest, w0, b0, cfg)
+    weight, bias = head.weight.copy(), head.bias.copy()
+    weight[k] = w / std
+    bias[k] = b - (w / std) @ mean
+    return Head(weight.astype(np.float32), bias.astype(np.float32))
+
+
+def _targets(y: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """N x (|k| + 1) target distribution over the moving classes and "any other class"."""
+    if y.ndim == 1:
+        t = (y[:, None] == k[None, :]).astype(np.float32)
+    else:
+        t = y[:, k].astype(np.float32)
+    return np.concatenate([t, np.clip(1.0 - t.sum(axis=1, keepdims=True), 0.0, 1.0)], axis=1)
+
+
+def _adam(xs: np.ndarray, target: np.ndarray, lse_rest: np.ndarray, w0: np.ndarray,
+          b0: np.ndarray, cfg: RefitConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Minimise mean cross-entropy + ``l2`` * ||w - w0||^2 over (w, b)."""
+    w, b = w0.copy(), b0.copy()
+    mw, vw, mb, vb = (np.zeros_like(w), np.zeros_like(w), np.zeros_like(b), np.zeros_like(b))
+    n = len(xs)
+    for t in range(1, cfg.steps + 1):
+        z = np.concatenate([xs @ w.T + b, lse_rest[:, None]], axis=1)
+        p = softmax(z)
+        g = (p - target)[:, :-1] / n                               # d loss / d moving logits
+        gw = g.T @ xs + 2 * cfg.l2 * (w - w0)
+        gb = g.sum(axis=0)
+        for param, grad, m, v in ((w, gw, mw, vw), (b, gb, mb, vb)):
+            m *= 0.9
+            m += 0.1 * grad
+            v *= 0.999
+            v += 0.001 * grad * grad
+            param -= cfg.lr * (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8)
+    return w, b
+
+
+def calibration_error(logits: np.ndarray, labels: np.ndarray, bins: int = 10) -> float:
+    """Expected calibration error of the top-1 confidence against agreement with ``labels``."""
+    p = softmax(logits)
+    conf, right = p.max(axis=1), (p.argmax(axis=1) == labels)
+    edges = np.minimum((conf * bins).astype(int), bins - 1)
+    err = 0.0
+    for bin_ in range(bins):
+        sel = edges == bin_
+        if sel.any():
+            err += sel.sum() * abs(float(conf[sel].mean()) - float(right[sel].mean()))
+    return err / max(len(labels), 1)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accept: bool
+    serving_agreement: float
+    candidate_agreement: float
+    serving_calibration: float
+    candidate_calibration: float
+    reason: str
+
+
+def judge(serving: Head, candidate: Head, x: np.ndarray, y: np.ndarray,
+          cfg: RefitConfig = RefitConfig()) -> Verdict:
+    """Whether ``candidate`` may replace ``serving``, judged on held-back samples."""
+    labels = top1(y)
+    ls, lc = serving.logits(x), candidate.logits(x)
+    a_s, a_c = float((ls.argmax(1) == labels).mean()), float((lc.argmax(1) == labels).mean())
+    e_s, e_c = calibration_error(ls, labels), calibration_error(lc, labels)
+    if a_c < a_s + cfg.margin:
+        why = f"agreement {a_c:.3f} does not beat the serving {a_s:.3f} by {cfg.margin:.3f}"
+        return Verdict(False, a_s, a_c, e_s, e_c, why)
+    if e_c > e_s + cfg.calibration_slack:
+        why = f"calibration error {e_c:.3f} worse than the serving {e_s:.3f}"
+        return Verdict(False, a_s, a_c, e_s, e_c, why)
+    return Verdict(True, a_s, a_c, e_s, e_c,
+                   f"agreement {a_s:.3f} -> {a_c:.3f}, calibration error {e_s:.3f} -> {e_c:.3f}")
+
+
+def propose(serving: Head, buffer: RampBuffer, cfg: RefitConfig = RefitConfig()
+            ) -> tuple[Head | None, Verdict | None]:
+    """Refit on the older part of ``buffer`` and judge on the newest ``holdout`` share:
+    (the head to deploy or None, the verdict or None when the buffer is too small)."""
+    if len(buffer) < cfg.min_samples:
+        return None, None
+    x, y = buffer.arrays()
+    cut = len(x) - max(1, round(len(x) * cfg.holdout))
+    candidate = refit(serving, x[:cut], y[:cut], cfg)
+    verdict = judge(serving, candidate, x[cut:], y[cut:], cfg)
+    return (candidate if verdict.accept else None), verdict

@@ -1,0 +1,132 @@
+"""Online ramp refits (services.tuner.refit): buffer, warm start, judged deployment."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from services.tuner.refit import (
+    Head,
+    RampBuffer,
+    RefitConfig,
+    calibration_error,
+    judge,
+    propose,
+    refit,
+)
+
+K, C = 20, 8
+
+
+def _stream(rng: np.random.Generator, means: np.ndarray, n: int, classes: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Features of ``n`` samples whose final answer is one of ``classes``."""
+    y = rng.choice(classes, n)
+    return (means[y] + rng.normal(0, 0.6, (n, C))).astype(np.float32), y
+
+
+def _head_for(means: np.ndarray) -> Head:
+    """A nearest-mean linear head: right on the stream it was built for."""
+    w = 2.0 * means
+    return Head(w.astype(np.float32), (-(means ** 2).sum(axis=1)).astype(np.float32))
+
+
+@pytest.fixture
+def shift():
+    rng = np.random.default_rng(0)
+    old = rng.normal(0, 2.0, (K, C))
+    new = old + rng.normal(0, 2.0, (K, C))      # the served stream drifted away from bootstrap
+    return rng, old, new
+
+
+def _agreement(head: Head, x: np.ndarray, y: np.ndarray) -> float:
+    return float((head.logits(x).argmax(axis=1) == y).mean())
+
+
+def test_a_refit_on_a_shifted_stream_recovers_agreement_and_is_deployed(shift):
+    rng, old, new = shift
+    serving = _head_for(old)
+    classes = np.arange(6)                       # a scene shows a few classes
+    buf = RampBuffer(1024, C)
+    buf.add(*_stream(rng, new, 1024, classes))
+    x_test, y_test = _stream(rng, new, 2000, classes)
+    before = _agreement(serving, x_test, y_test)
+    candidate, verdict = propose(serving, buf)
+    assert verdict is not None and verdict.accept, verdict
+    assert candidate is not None
+    assert before < 0.8 and _agreement(candidate, x_test, y_test) > before + 0.15
+    assert verdict.candidate_agreement >= verdict.serving_agreement + RefitConfig().margin
+
+
+def test_a_refit_that_gains_nothing_is_refused(shift):
+    rng, old, _ = shift
+    serving = _head_for(old)                     # already right on this stream
+    buf = RampBuffer(1024, C)
+    buf.add(*_stream(rng, old, 1024, np.arange(6)))
+    candidate, verdict = propose(serving, buf)
+    assert candidate is None and verdict is not None and not verdict.accept
+    assert "does not beat" in verdict.reason
+
+
+def test_a_worse_calibrated_candidate_is_refused():
+    # serving: 80 % sure of class 0 and right 80 % of the time (calibrated); the candidate
+    # answers the same but is all but certain: as accurate, worse calibrated
+    x = np.tile(np.log(np.array([0.8, 0.1, 0.1], np.float32)), (100, 1))
+    labels = np.array([0] * 80 + [1] * 20)
+    serving = Head(np.eye(3, dtype=np.float32), np.zeros(3, np.float32))
+    overconfident = Head(10 * np.eye(3, dtype=np.float32), np.zeros(3, np.float32))
+    assert calibration_error(serving.logits(x), labels) == pytest.approx(0.0, abs=1e-5)
+    verdict = judge(serving, overconfident, x, labels, RefitConfig(margin=-1.0))
+    assert not verdict.accept and "calibration" in verdict.reason
+    assert verdict.candidate_agreement == verdict.serving_agreement == 0.8
+
+
+def test_the_refit_starts_from_the_serving_head(shift):
+    rng, old, new = shift
+    serving = _head_for(old)
+    x, y = _stream(rng, new, 300, np.arange(6))
+    unchanged = refit(serving, x, y, RefitConfig(steps=0))
+    assert np.allclose(unchanged.logits(x), serving.logits(x), atol=1e-3)
+    moved = refit(serving, x, y, RefitConfig(steps=5))
+    untouched = np.setdiff1d(np.arange(K), np.union1d(y, serving.logits(x).argmax(1)))
+    assert len(untouched) and np.array_equal(moved.weight[untouched], serving.weight[untouched])
+    assert not np.allclose(moved.weight, serving.weight)
+
+
+def test_soft_targets_refit_too(shift):
+    rng, old, new = shift
+    serving = _head_for(old)
+    x, y = _stream(rng, new, 1024, np.arange(6))
+    probs = np.full((len(y), K), 0.01 / (K - 1), np.float32)
+    probs[np.arange(len(y)), y] = 0.99
+    buf = RampBuffer(1024, C, soft_classes=K)
+    buf.add(x, probs)
+    candidate, verdict = propose(serving, buf)
+    assert verdict.accept and candidate is not None
+
+
+def test_the_buffer_keeps_the_newest_in_order():
+    buf = RampBuffer(5, 2)
+    for start in (0, 3, 6):
+        buf.add(np.arange(start, start + 3, dtype=np.float32)[:, None].repeat(2, 1),
+                np.arange(start, start + 3))
+    x, y = buf.arrays()
+    assert len(buf) == 5 and buf.seen == 9 and list(y) == [4, 5, 6, 7, 8]
+    assert list(x[:, 0]) == [4, 5, 6, 7, 8]
+    buf.add(np.zeros((12, 2), np.float32), np.arange(100, 112))   # more than it holds
+    assert list(buf.arrays()[1]) == list(range(107, 112))
+    with pytest.raises(ValueError, match="N x 2"):
+        buf.add(np.zeros((3, 4), np.float32), np.zeros(3))
+
+
+def test_a_small_buffer_does_not_refit(shift):
+    rng, old, new = shift
+    buf = RampBuffer(1024, C)
+    buf.add(*_stream(rng, new, 100, np.arange(6)))
+    assert propose(_head_for(old), buf) == (None, None)
+
+
+def test_calibration_error_is_zero_when_confidence_matches():
+    logits = np.log(np.array([[0.5, 0.5, 1e-9]] * 4, np.float32))
+    assert calibration_error(logits, np.array([0, 0, 1, 1])) == pytest.approx(0.0, abs=1e-6)
+    assert calibration_error(logits, np.array([2, 2, 2, 2])) == pytest.approx(0.5, abs=1e-6)

@@ -27,6 +27,7 @@ from services.sim.replay import (
     FEEDBACK_BACKLOG,
     MODE,
     POLICIES,
+    REFIT,
     PolicyResult,
     arrivals_for,
     run_replay,
@@ -62,8 +63,25 @@ def report(results: dict[str, Any], trace_path: str, meta: dict[str, Any],
             "active_ramps_mean": float(off.extra["n_active"].mean()),
             "offramp_timeline": [d for d in dec if d["changed"]],
         })
+    refit = results.get(REFIT)
+    if refit is not None:
+        out["refit"] = refit_summary(refit)
     out["machine"] = machine()
     return out
+
+
+def refit_summary(res: PolicyResult) -> dict[str, Any]:
+    """What the online refits did: rounds judged, heads deployed per site, their cost."""
+    rounds = [e for e in res.extra["refits"] if "accepted" in e]
+    deployed = [e for e in res.extra["refits"] if "deployed_version" in e]
+    return {"rounds": len(rounds), "accepted": sum(e["accepted"] for e in rounds),
+            "deployed": [{"sample": e["sample"], "site": e["site"],
+                          "version": e["deployed_version"]} for e in deployed],
+            "head_versions": res.extra["head_versions"],
+            "refit_ms_p50": percentile(res.extra["refit_ms"], 50),
+            "refit_ms_max": max(res.extra["refit_ms"], default=None),
+            "counts": res.extra["counts"],
+            "timeline": [d for d in res.extra["decisions"] if d["changed"]]}
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -71,19 +89,27 @@ def table(doc: dict[str, Any]) -> str:
     lines = [(f"offramp bench apparate: {MODE} of {doc['trace']} ({n} samples; arrivals "
              f"{doc['arrivals']}; one worker, FIFO, batch 1, feedback backlog "
              f"{doc.get('feedback_backlog', 0)}; constraint {doc['constraint']:.1%})"),
-             (f"{'policy':<9} {'p25 ms':>7} {'p50 ms':>7} {'p95 ms':>7} {'mean ms':>7} "
+             (f"{'policy':<13} {'p25 ms':>7} {'p50 ms':>7} {'p95 ms':>7} {'mean ms':>7} "
              f"{'agreement':>9} {'worst win':>9} {'exits':>6}")]
     for name in POLICIES:
         s = doc.get(name)
         if s is not None:
-            lines.append(f"{name:<9} {s['p25_ms']:>7.2f} {s['p50_ms']:>7.2f} {s['p95_ms']:>7.2f} "
+            lines.append(f"{name:<13} {s['p25_ms']:>7.2f} {s['p50_ms']:>7.2f} {s['p95_ms']:>7.2f} "
                          f"{s['mean_ms']:>7.2f} {s['agreement']:>9.4f} "
                          f"{s['worst_window_agreement']:>9.3f} {s['exit_rate']:>6.2f}")
-    if "vanilla" in doc and "offramp" in doc:
-        v, o = doc["vanilla"], doc["offramp"]
-        lines.append(f"offramp vs vanilla: p25 {o['p25_ms'] / v['p25_ms'] - 1:+.1%}, p50 "
-                     f"{o['p50_ms'] / v['p50_ms'] - 1:+.1%}, p95 {o['p95_ms'] / v['p95_ms'] - 1:+.1%}"
-                     f", mean {o['mean_ms'] / v['mean_ms'] - 1:+.1%}")
+    for name in ("offramp", REFIT):
+        if "vanilla" in doc and name in doc:
+            v, o = doc["vanilla"], doc[name]
+            lines.append(f"{name} vs vanilla: p25 {o['p25_ms'] / v['p25_ms'] - 1:+.1%}, p50 "
+                         f"{o['p50_ms'] / v['p50_ms'] - 1:+.1%}, p95 "
+                         f"{o['p95_ms'] / v['p95_ms'] - 1:+.1%}, mean "
+                         f"{o['mean_ms'] / v['mean_ms'] - 1:+.1%}")
+    if "refit" in doc:
+        r = doc["refit"]
+        ms = "n/a" if r["refit_ms_p50"] is None else \
+            f"{r['refit_ms_p50']:.1f} ms p50, {r['refit_ms_max']:.1f} ms max"
+        lines.append(f"{REFIT}: {r['accepted']} of {r['rounds']} ramp refits accepted, head "
+                     f"versions per site {r['head_versions']}; a refit costs {ms}")
     if "static" in doc:
         lines.append(f"static: one threshold {doc['static']['threshold']:.4f} for all ramps, "
                      "tuned on the first 10% of the stream")

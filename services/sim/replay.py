@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from services.exits.initial import initial_active
+from services.sim.refit_replay import REFIT, RefitPlan, ReplayRefits
 from services.sim.trace import Trace
 from services.tuner.controller import DEFAULT_TUNE_WINDOW, ExitController, TunerDecision
 from services.tuner.ramp_adjust import DEFAULT_BUDGET
@@ -58,7 +59,7 @@ from services.tuner.thresholds import (
 from services.worker.feedback_backlog import DEFAULT_CAP as FEEDBACK_BACKLOG
 from services.workloads.arrivals import stream_arrivals
 
-POLICIES = ("vanilla", "static", "offramp", "hindsight", "oracle")
+POLICIES = ("vanilla", "static", "offramp", REFIT, "hindsight", "oracle")  # REFIT: traces with features
 TIMING_PASSES = 3  # offramp replays per run whose per-call minimum is the reported wall time
 MODE = "replay simulation"
 
@@ -266,26 +267,47 @@ def make_controller(trace: Trace, constraint: float = DEFAULT_CONSTRAINT,
                           score=str(trace.meta.get("score", "max_softmax")), **kwargs)
 
 
+def _decided(d: TunerDecision, i: int, t: float) -> dict[str, Any]:
+    return {"sample": i, "t_s": t, "kind": d.kind, "trigger": d.trigger, "action": d.action,
+            "version": d.version, "changed": d.changed, "active": list(d.active),
+            "thresholds": list(d.thresholds), "est_savings_ms": d.est_savings_ms}
+
+
 def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
                 delay_s: float = 0.0, window: int = 16,
-                backlog: int = FEEDBACK_BACKLOG) -> PolicyResult:
+                backlog: int = FEEDBACK_BACKLOG, refits: ReplayRefits | None = None
+                ) -> PolicyResult:
+    """The controller on the stream; with ``refits``, also its online ramp refits."""
+    view = trace if refits is None else refits.view
     deployed = {"cfg": (controller.active, controller.thresholds)}
     decisions: list[dict[str, Any]] = []
     raw: list[TunerDecision] = []
     wall: dict[str, list[float]] = {"tune": [], "adjust": [], "record": [], "skipped": []}
     n_active = np.empty(trace.n_samples, np.int64)
     served: dict[int, tuple[int, ...]] = {}  # active ramps each sample ran with, until its feedback
-    inner = threshold_server(trace, lambda i: deployed["cfg"])
+    inner = threshold_server(view, lambda i: deployed["cfg"])
 
     def serve(i: int) -> tuple[float, float, int, int]:
         served[i] = deployed["cfg"][0]
         n_active[i] = len(served[i])
+        if refits is not None:
+            refits.served(i)
         return inner(i)
+
+    def deploy_at(t: float, d: TunerDecision, head: tuple | None = None) -> tuple:
+        cfg = (d.active, d.thresholds)
+
+        def apply() -> None:
+            if head is not None:
+                refits.apply(*head)
+            if d.changed:
+                deployed["cfg"] = cfg
+        return t + delay_s, apply
 
     def done(i: int, t: float) -> list[tuple[float, Callable[[], None]]]:
         active = served.pop(i)  # feedback may come after a new config was applied
         t0 = time.perf_counter()
-        triggers = controller.record(trace.window(active, i, i + 1))
+        triggers = controller.record(view.window(active, i, i + 1))
         wall["record"].append((time.perf_counter() - t0) * 1e3)
         out = []
         for trig in triggers:
@@ -295,19 +317,29 @@ def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
             # calls that had nothing to compute (no feedback yet) would flatter the medians
             wall[d.kind if d.tuned_on > 0 else "skipped"].append(ms)
             raw.append(d)
-            decisions.append({"sample": i, "t_s": t, "kind": d.kind, "trigger": d.trigger,
-                              "action": d.action, "version": d.version, "changed": d.changed,
-                              "active": list(d.active), "thresholds": list(d.thresholds),
-                              "est_savings_ms": d.est_savings_ms})
+            decisions.append(_decided(d, i, t))
             if d.changed:
-                cfg = (d.active, d.thresholds)
-                out.append((t + delay_s, lambda cfg=cfg: deployed.__setitem__("cfg", cfg)))
+                out.append(deploy_at(t, d))
+        for site, head in refits.feedback(i, t) if refits is not None else ():
+            d = controller.head_changed(site)
+            raw.append(d)
+            decisions.append(_decided(d, i, t))
+            out.append(deploy_at(t, d, (site, head)))
         return out
 
-    lat, ans, site = event_loop(trace, arrivals, serve, done, backlog)
-    return _result("offramp", trace, lat, ans, site, window, decisions=decisions,
-                   raw_decisions=raw, wall_ms=wall, n_active=n_active,
-                   counts=dict(controller.counts), params=controller.params())
+    lat, ans, site = event_loop(view, arrivals, serve, done, backlog)
+    extra = {} if refits is None else {"refits": refits.log, "refit_ms": refits.refit_ms,
+                                       "head_versions": list(refits.versions)}
+    return _result(REFIT if refits is not None else "offramp", trace, lat, ans, site, window,
+                   decisions=decisions, raw_decisions=raw, wall_ms=wall, n_active=n_active,
+                   counts=dict(controller.counts), params=controller.params(), **extra)
+
+
+def refit_plan(trace: Trace) -> RefitPlan:
+    """The default refit plan for a trace: softmax targets where the model's ramps learn
+    the final softmax (their temperature is in the trace's meta), else top-1."""
+    temperature = trace.meta.get("soft_temperature")
+    return RefitPlan(soft_temperature=None if temperature is None else float(temperature))
 
 
 def fastest_pass(a: PolicyResult, b: PolicyResult) -> dict[str, list[float]]:
@@ -401,10 +433,12 @@ def run_replay(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_C
                policies: tuple[str, ...] = POLICIES,
                timing_passes: int = TIMING_PASSES,
                feedback_backlog: int = FEEDBACK_BACKLOG,
-               climb: Climb | None = None) -> dict[str, PolicyResult | dict]:
+               climb: Climb | None = None, refit: RefitPlan | None = None
+               ) -> dict[str, PolicyResult | dict]:
     """Every policy on the same trace and arrivals; offramp also gets its grid gap.
     ``climb``: the threshold climb's engine (``climb_native.best_climb()`` is the live
-    tuner's; None = the Python climb, the same decisions)."""
+    tuner's; None = the Python climb, the same decisions). ``refit``: how ``offramp+refit``
+    refits ramp heads (default: ``refit_plan(trace)``); it runs on traces with features."""
     if timing_passes < 1:
         raise ValueError(f"timing_passes must be >= 1, got {timing_passes}")
     if feedback_backlog < 0:
@@ -422,6 +456,12 @@ def run_replay(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_C
             every = int((controller or {}).get("tune_window", DEFAULT_TUNE_WINDOW))
             out[name] = run_hindsight(trace, arrivals, constraint, budget, every, window, fb,
                                       climb)
+        elif name == REFIT:
+            if trace.features is not None:
+                ctl = make_controller(trace, constraint, budget, window=window, climb=climb,
+                                      **(controller or {}))
+                out[name] = run_offramp(trace, arrivals, ctl, delay_s, window, fb,
+                                        ReplayRefits(trace, refit or refit_plan(trace)))
         elif name == "offramp":
             def fresh() -> ExitController:
                 return make_controller(trace, constraint, budget, window=window, climb=climb,

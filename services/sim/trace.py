@@ -285,11 +285,22 @@ def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
     info = {"model": manifest.name, "model_version": manifest.version, "score": score,
             "ramp_ids": ids, "after_block": [manifest.ramp(i).after_block for i in ids],
             "latency_source": "manifest serving profile, batch 1 (LatencyProfile.from_manifest)",
-            **({"head_pools": [heads[i].pool for i in ids]} if features else {}), **(meta or {})}
+            **({"head_pools": [heads[i].pool for i in ids]} if features else {}),
+            **_targets_of(manifest), **(meta or {})}
     return Trace(np.concatenate(rec.preds, axis=1),
                  np.concatenate(rec.scores, axis=1).astype(np.float64),
                  np.concatenate(rec.finals), prof.prefix_ms, prof.ramp_cost_ms, arrivals, info,
                  rec.trace_features(heads) if features else None)
+
+
+def _targets_of(manifest: Manifest) -> dict[str, Any]:
+    """What the model's ramps learned (its preparation recipe): soft targets carry their
+    temperature, so a replay's refits learn the same."""
+    for part in str(manifest.meta.get("recipe", "")).split("|"):
+        key, _, value = part.partition("=")
+        if key == "targets" and value.startswith("softmax@"):
+            return {"ramp_targets": "softmax", "soft_temperature": float(value.split("@")[1])}
+    return {"ramp_targets": "top1"}
 
 
 class _Recording:

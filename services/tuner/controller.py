@@ -86,7 +86,7 @@ MAX_COOLDOWN_ROUNDS = 32     # the longest wait after repeated failures (4096 sa
 class Trigger:
     """Something ``record`` found due; ``step`` turns it into a decision."""
 
-    kind: str                    # "alert" | "slack" | "adjust"
+    kind: str                    # "alert" | "slack" | "adjust" | "refit"
     at_sample: int               # samples observed when it became due
     window_agreement: float | None = None
     window: ExitWindow | None = field(default=None, compare=False, repr=False)  # alert window
@@ -275,6 +275,23 @@ class ExitController:
         return None
 
     # ------------------------------------------------------------------ decisions
+    def head_changed(self, site: int) -> TunerDecision:
+        """Ramp ``site`` now serves a new head (an online refit): its scores moved, so what
+        was recorded of it no longer says what it will do. Its records are dropped; an active
+        ramp restarts at threshold 0 (it exits nothing until a tune has seen the new head)
+        and is judged like a trial by the next adjust round; a site held back by failures of
+        its old head gets a fresh chance."""
+        self.profile.check_sites([site])
+        self._segs = [_without(seg, site) for seg in self._segs]
+        self.deactivated_at.pop(site, None)
+        self.failures.pop(site, None)
+        if site in self.active:
+            self.trials.add(site)
+        th = tuple(0.0 if r == site else t for r, t in zip(self.active, self.thresholds))
+        return self._decision("refit", Trigger("refit", self.seen), "refit",
+                              f"ramp {site} serves a refitted head: its threshold restarts at 0",
+                              self.active, th, 0, None)
+
     def step(self, trigger: Trigger) -> TunerDecision:
         """Run one due trigger and deploy its result."""
         if trigger.kind == "adjust":
@@ -454,3 +471,13 @@ class ExitController:
                             np.array(rec["score"], np.float64).reshape(len(ids), n),
                             np.array(rec["final"], np.int64)))
         return c
+
+
+def _without(seg: tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray], site: int
+             ) -> tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray]:
+    """A feedback segment without the records of ramp ``site``."""
+    ids, pred, score, final = seg
+    if site not in ids:
+        return seg
+    keep = [k for k, r in enumerate(ids) if r != site]
+    return tuple(ids[k] for k in keep), pred[keep], score[keep], final

@@ -248,3 +248,26 @@ def test_a_ramp_that_pays_its_way_starts_its_backoff_afresh() -> None:
     c.failures[1] = 4
     _trials(c, 1, wrong=0.0)  # ramp 1 answers right, confidently: positive utility
     assert 1 in c.active and 1 not in c.failures
+
+
+def test_a_refitted_head_restarts_its_ramp_at_threshold_zero() -> None:
+    c = ctl(active=(1, 3), thresholds=(0.4, 0.5))
+    c.observe(batch((1, 3), 40, seed=3))
+    d = c.head_changed(3)
+    assert (d.kind, d.action, d.changed, d.version) == ("refit", "refit", True, 1)
+    assert c.thresholds == (0.4, 0.0) and d.thresholds == (0.4, 0.0)
+    assert 3 in c.trials                               # judged like a trial next round
+    assert c.recent(100) is None                       # nothing recorded says what head 2 does
+    assert c.recent(100, (1,)).n_samples == 40         # the other ramp keeps its records
+    c.observe(batch((1, 3), 16, seed=4))
+    assert c.recent(100).n_samples == 16               # the new head's records count
+
+
+def test_a_refit_of_an_inactive_site_clears_its_record_and_back_off() -> None:
+    c = ctl(active=(1,), thresholds=(0.4,))
+    c.failures[2], c.deactivated_at[2] = 3, 5
+    d = c.head_changed(2)
+    assert not d.changed and c.version == 0 and c.thresholds == (0.4,)
+    assert 2 not in c.failures and 2 not in c.deactivated_at
+    with pytest.raises(ValueError):
+        c.head_changed(9)

@@ -1,0 +1,101 @@
+"""The tuner's refit role in replay (the ``offramp+refit`` policy): sampled feature feedback
+into per-ramp buffers, a refit round every ``every`` sampled samples, and deployed heads that
+re-score the samples still to be served.
+
+A trace recorded with ``--features`` holds what every site's head read and the prepared
+heads, so any other head can be scored on the same samples without new inference. Until
+the first refit is deployed, the replay serves the recorded answers: ``offramp+refit``
+decides exactly as ``offramp`` does up to that point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from services.exits.scores import exit_score, softmax
+from services.sim.trace import Trace, TraceError
+from services.tuner.refit import Head, RampBuffer, RefitConfig, propose
+
+REFIT = "offramp+refit"
+
+
+@dataclass(frozen=True)
+class RefitPlan:
+    """How the replay feeds and runs refits."""
+
+    cfg: RefitConfig = field(default_factory=RefitConfig)
+    feature_rate: float = 0.5          # share of samples whose features come back
+    every: int = 128                   # sampled samples between refit rounds
+    soft_temperature: float | None = None  # softmax targets at this temperature (else top-1)
+    seed: int = 0                      # which samples are sampled
+
+
+class ReplayRefits:
+    """Mutable copy of a trace's ramp answers that refitted heads re-score."""
+
+    def __init__(self, trace: Trace, plan: RefitPlan = RefitPlan()) -> None:
+        f = trace.features
+        if f is None:
+            raise TraceError(f"{REFIT} needs a trace recorded with --features")
+        if not 0.0 < plan.feature_rate <= 1.0 or plan.every < 1:
+            raise ValueError("feature_rate must be in (0, 1] and every >= 1")
+        self.plan, self.features = plan, f
+        self.score_kind = str(trace.meta.get("score", "max_softmax"))
+        self.view = dataclasses.replace(trace, ramp_pred=trace.ramp_pred.copy(),
+                                        ramp_score=trace.ramp_score.copy())
+        self.heads = [Head(w, b) for w, b in zip(f.weight, f.bias, strict=True)]
+        soft = plan.soft_temperature is not None and f.final_logits is not None
+        self.targets = (softmax(f.final_logits / plan.soft_temperature) if soft
+                        else trace.final_pred)
+        k = f.final_logits.shape[1] if soft else 0
+        self.buffers = [RampBuffer(plan.cfg.capacity, x.shape[1], k) for x in f.by_site]
+        self.sampled = np.random.default_rng(plan.seed).random(trace.n_samples) < plan.feature_rate
+        self.versions = [0] * trace.n_sites
+        self.next_serve = 0    # samples below this were served: their answers stay
+        self.fed = 0           # sampled feedback since the last round
+        self.log: list[dict[str, Any]] = []
+        self.refit_ms: list[float] = []
+
+    def served(self, i: int) -> None:
+        self.next_serve = max(self.next_serve, i + 1)
+
+    def feedback(self, i: int, t: float) -> list[tuple[int, Head]]:
+        """Sample ``i``'s feedback arrived at ``t``: the heads a refit round accepted, if one
+        was due."""
+        if not self.sampled[i]:
+            return []
+        for k, buf in enumerate(self.buffers):
+            buf.add(self.features.by_site[k][i: i + 1], self.targets[i: i + 1])
+        self.fed += 1
+        if self.fed < self.plan.every:
+            return []
+        self.fed = 0
+        return [(k, head) for k in range(len(self.buffers))
+                if (head := self._round(k, i, t)) is not None]
+
+    def _round(self, k: int, i: int, t: float) -> Head | None:
+        t0 = time.perf_counter()
+        candidate, verdict = propose(self.heads[k], self.buffers[k], self.plan.cfg)
+        if verdict is None:
+            return None
+        self.refit_ms.append((time.perf_counter() - t0) * 1e3)
+        self.log.append({"sample": i, "t_s": t, "site": k, "accepted": verdict.accept,
+                         "serving_agreement": verdict.serving_agreement,
+                         "candidate_agreement": verdict.candidate_agreement,
+                         "reason": verdict.reason})
+        return candidate
+
+    def apply(self, site: int, head: Head) -> None:
+        """Deploy ``head`` at ``site``: the samples not served yet get its answers."""
+        start = self.next_serve
+        logits = head.logits(self.features.by_site[site][start:])
+        self.view.ramp_pred[site, start:] = logits.argmax(axis=1)
+        self.view.ramp_score[site, start:] = exit_score(logits, self.score_kind)
+        self.heads[site] = head
+        self.versions[site] += 1
+        self.log.append({"sample": start, "site": site, "deployed_version": self.versions[site]})

@@ -1,0 +1,76 @@
+"""The offramp+refit replay (services.sim.refit_replay): feature feedback, refits that
+re-score the samples still to be served, and the controller restarting a refitted ramp."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from services.exits.scores import exit_score
+from services.sim.refit_replay import REFIT, RefitPlan, ReplayRefits
+from services.sim.replay import run_replay
+from services.sim.trace import Trace, TraceError, TraceFeatures
+
+K, C, N = 12, 8, 2400
+
+
+def shifted_trace(seed: int = 0) -> Trace:
+    """Two ramps whose prepared heads learned another stream: on this one they are often
+    wrong, yet the features still separate the classes well (a refit can fix them)."""
+    rng = np.random.default_rng(seed)
+    old = rng.normal(0, 2.0, (K, C))
+    new = old + rng.normal(0, 2.0, (K, C))
+    y = np.repeat(rng.choice(K, N // 200), 200)          # scenes of 200 samples, few classes
+    feats = [(new[y] + rng.normal(0, s, (N, C))).astype(np.float32) for s in (0.8, 0.5)]
+    w = (2.0 * old).astype(np.float32)
+    b = (-(old ** 2).sum(axis=1)).astype(np.float32)
+    logits = [f @ w.T + b for f in feats]
+    return Trace(np.stack([lg.argmax(1) for lg in logits]),
+                 np.stack([exit_score(lg) for lg in logits]).astype(np.float64), y,
+                 np.array([2.0, 4.0, 10.0]), np.array([0.05, 0.05]),
+                 np.arange(N) * 0.02, {"score": "max_softmax"},
+                 TraceFeatures(feats, [w, w], [b, b]))
+
+
+def test_refits_find_the_savings_the_stale_heads_cannot():
+    tr = shifted_trace()
+    out = run_replay(tr, tr.arrival_s, policies=("vanilla", "offramp", REFIT), grid_rounds=0,
+                     timing_passes=1)
+    off, ref = out["offramp"], out[REFIT]
+    assert max(ref.extra["head_versions"]) >= 1
+    assert ref.agreement >= 0.99 and off.agreement >= 0.99
+    assert ref.summary()["exit_rate"] > off.summary()["exit_rate"] + 0.2
+    assert ref.latency_ms.mean() < 0.8 * off.latency_ms.mean()
+    kinds = [d["kind"] for d in ref.extra["decisions"]]
+    assert "refit" in kinds                              # the controller heard of each head
+
+
+def test_until_a_head_is_deployed_refit_decides_as_offramp():
+    tr = shifted_trace()
+    out = run_replay(tr, tr.arrival_s, policies=("offramp", REFIT), grid_rounds=0,
+                     timing_passes=1, refit=RefitPlan(every=10**9))     # never due
+    assert out[REFIT].extra["decisions"] == out["offramp"].extra["decisions"]
+    assert np.array_equal(out[REFIT].latency_ms, out["offramp"].latency_ms)
+
+
+def test_a_deployed_head_rescores_only_the_samples_not_yet_served():
+    tr = shifted_trace()
+    refits = ReplayRefits(tr)
+    refits.served(999)
+    before = refits.view.ramp_score.copy()
+    head = refits.heads[0]
+    refits.apply(0, type(head)(head.weight * 2, head.bias * 2))
+    assert np.array_equal(refits.view.ramp_score[:, :1000], before[:, :1000])
+    assert not np.array_equal(refits.view.ramp_score[0, 1000:], before[0, 1000:])
+    assert np.array_equal(refits.view.ramp_score[1], before[1])
+    assert refits.versions == [1, 0]
+
+
+def test_refit_needs_features_and_sane_plans():
+    tr = shifted_trace()
+    bare = Trace(tr.ramp_pred, tr.ramp_score, tr.final_pred, tr.prefix_ms, tr.ramp_cost_ms)
+    with pytest.raises(TraceError, match="--features"):
+        ReplayRefits(bare)
+    assert REFIT not in run_replay(bare, np.arange(N) * 0.02, policies=(REFIT,), grid_rounds=0)
+    with pytest.raises(ValueError, match="feature_rate"):
+        ReplayRefits(tr, RefitPlan(feature_rate=0.0))

@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--live", action="store_true",
                        help="apparate: run the policies live on the embedded stack (with --model and "
                        "--workload) instead of replaying a trace")
-    bench.add_argument("--workload", choices=["video", "text"],
+    bench.add_argument("--workload", choices=["video", "video-unseen", "text"],
                        help="apparate --live: the generated stream (video frames or drifting texts)")
     bench.add_argument("--repeat", type=int, default=1,
                        help="apparate --live: run the whole vanilla/static/offramp sequence this many "

@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "workload and save a replay trace (.npz)")
     rec.add_argument("--model", required=True, help="prepared model name (under the models dir)")
     src = rec.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", choices=["video", "text"], help="generated input stream")
+    src.add_argument("--workload", choices=["video", "video-unseen", "text"], help="generated input stream")
     src.add_argument("--inputs", help=".npy (single-input model) or .npz (array per input)")
     rec.add_argument("--n", type=int, default=4000, help="samples of the generated workload")
     rec.add_argument("--seed", type=int, default=0, help="workload seed (ramps were trained on "

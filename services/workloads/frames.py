@@ -37,6 +37,15 @@ PHOTOS = (
     "clock",
     "logo",
 )
+# Scenes the zoo's ramps never trained on (their bootstrap frames come from PHOTOS): other
+# photos, and bootstrap photos seen as no bootstrap frame shows them (negative, rotated,
+# channels swapped, a mosaic of faces).
+UNSEEN = (
+    "cat", "cell", "binary_blobs", "checkerboard", "shepp_logan_phantom", "microaneurysms",
+    "lfw_subset:mosaic", "astronaut:negative", "coffee:rot90", "rocket:bgr", "horse:negative",
+    "chelsea:rot90", "immunohistochemistry:bgr", "retina:negative",
+)
+PHOTO_SETS = {"bootstrap": PHOTOS, "unseen": UNSEEN}
 # EfficientNet-Lite was trained on (x - 127) / 128: mean 0.5, std 0.5 on [0, 1] pixels.
 MEAN = 0.5
 STD = 0.5
@@ -60,15 +69,35 @@ def to_rgb01(img: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(img[..., :3])
 
 
-@lru_cache(maxsize=1)
-def photos() -> tuple[tuple[str, np.ndarray], ...]:
-    """(name, float32 H×W×3 in [0, 1] with short side PHOTO_SHORT_SIDE) for every loadable photo."""
+def _variant(img: np.ndarray, how: str) -> np.ndarray:
+    """A photo as no bootstrap frame shows it."""
+    if how == "mosaic":  # a stack of small images (lfw faces) tiled into one
+        k = int(np.sqrt(len(img)))
+        rows = [np.concatenate(list(img[r * k:(r + 1) * k]), axis=1) for r in range(k)]
+        return to_rgb01(np.concatenate(rows, axis=0))
+    img = to_rgb01(img)
+    if how == "negative":
+        return 1.0 - img
+    if how == "rot90":
+        return np.ascontiguousarray(np.rot90(img))
+    if how == "bgr":
+        return np.ascontiguousarray(img[..., ::-1])
+    return img
+
+
+@lru_cache(maxsize=2)
+def photos(photo_set: str = "bootstrap") -> tuple[tuple[str, np.ndarray], ...]:
+    """(name, float32 H×W×3 in [0, 1] with short side PHOTO_SHORT_SIDE) for every loadable
+    photo of ``photo_set`` (``PHOTO_SETS``)."""
     from skimage import data, transform
 
+    if photo_set not in PHOTO_SETS:
+        raise ValueError(f"unknown photo set {photo_set!r}; known: {', '.join(PHOTO_SETS)}")
     out, skipped = [], []
-    for name in PHOTOS:
+    for name in PHOTO_SETS[photo_set]:
+        base, _, how = name.partition(":")
         try:
-            img = to_rgb01(getattr(data, name)())
+            img = _variant(getattr(data, base)(), how)
         except Exception as exc:  # noqa: BLE001 - a photo needing a download is skipped
             skipped.append(f"{name}: {type(exc).__name__}")
             continue
@@ -128,12 +157,12 @@ def image_input(inputs: list) -> tuple[str, int, str]:
 
 
 def plan(n: int, seed: int = 0, min_scene: int = SCENE_FRAMES[0],
-         max_scene: int = SCENE_FRAMES[1]) -> FramePlan:
+         max_scene: int = SCENE_FRAMES[1], photo_set: str = "bootstrap") -> FramePlan:
     if not 1 <= min_scene <= max_scene:
         raise ValueError(f"scene lengths need 1 <= min_scene <= max_scene, got "
                          f"{min_scene}..{max_scene}")
     rng = np.random.default_rng(seed)
-    n_photos = len(photos())
+    n_photos = len(photos(photo_set))
     cols: dict[str, list[np.ndarray]] = {k: [] for k in FramePlan.__dataclass_fields__}
     done, scene, last_photo = 0, 0, -1
     while done < n:
@@ -192,14 +221,15 @@ def _encode(frame: np.ndarray, dtype: str) -> np.ndarray:
 
 def iter_video_frames(
     n: int, seed: int = 0, size: int = 224, chunk: int = 64, min_scene: int = SCENE_FRAMES[0],
-    max_scene: int = SCENE_FRAMES[1], dtype: str = "float32",
+    max_scene: int = SCENE_FRAMES[1], dtype: str = "float32", photo_set: str = "bootstrap",
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yield (frames (k,3,size,size), scene_ids int64 (k,)) chunks. Frames are float32
     normalised, or with ``dtype="uint8"`` 8-bit pixels. Scenes last ``min_scene``..
-    ``max_scene`` frames (a fixed camera lasts much longer)."""
+    ``max_scene`` frames (a fixed camera lasts much longer) and show the photos of
+    ``photo_set`` (``"unseen"``: scenes no zoo ramp trained on)."""
     _encode(np.zeros((1, 1, 3), np.float32), dtype)  # a bad dtype fails before any work
-    p = plan(n, seed, min_scene, max_scene)
-    imgs = photos()
+    p = plan(n, seed, min_scene, max_scene, photo_set)
+    imgs = photos(photo_set)
     # Sensor noise from a small bank indexed by frame number: cheap, and chunking
     # cannot change which noise a frame gets.
     bank = np.random.default_rng((seed, 1)).standard_normal((5, size, size, 3), np.float32)

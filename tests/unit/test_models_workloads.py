@@ -82,3 +82,20 @@ def test_scene_frames_parse_and_bound_scene_lengths():
         plan(10, min_scene=8, max_scene=4)
 
 
+
+
+def test_unseen_scenes_share_no_photo_with_the_bootstrap_set():
+    unseen = dict(photos("unseen"))
+    assert len(unseen) >= 10 and not set(unseen) & set(dict(photos()))
+    boot = dict(photos())
+    # a variant of a bootstrap photo is not that photo: negative, rotated, channels swapped
+    assert not np.allclose(unseen["astronaut:negative"], boot["astronaut"])
+    assert unseen["coffee:rot90"].shape[:2] == boot["coffee"].shape[1::-1]
+    with pytest.raises(ValueError, match="unknown photo set"):
+        photos("holiday")
+
+
+def test_the_unseen_stream_is_another_stream_of_the_same_shape():
+    a = next(iter_video_frames(8, seed=1, size=32, chunk=8))[0]
+    b, scenes = next(iter_video_frames(8, seed=1, size=32, chunk=8, photo_set="unseen"))
+    assert a.shape == b.shape and not np.allclose(a, b) and scenes.shape == (8,)

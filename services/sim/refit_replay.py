@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from services.exits.exit_window import ExitWindow
 from services.exits.scores import exit_score, softmax
 from services.sim.trace import Trace, TraceError
-from services.tuner.refit import Head, RampBuffer, RefitConfig, propose
+from services.tuner.refit import Head, RampBuffer, RefitConfig, propose, top1
 
 REFIT = "offramp+refit"
 
@@ -33,6 +34,7 @@ class RefitPlan:
     every: int = 128                   # sampled samples between refit rounds
     soft_temperature: float | None = None  # softmax targets at this temperature (else top-1)
     seed: int = 0                      # which samples are sampled
+    evidence: int = 256                # newest sampled inputs the adjustment chooses on (0: off)
 
 
 class ReplayRefits:
@@ -89,6 +91,21 @@ class ReplayRefits:
                          "candidate_agreement": verdict.candidate_agreement,
                          "reason": verdict.reason})
         return candidate
+
+    def evidence(self) -> ExitWindow | None:
+        """The newest sampled inputs as every site's current head sees them (what the
+        adjustment chooses the active set on), or None when there are none."""
+        n = min(self.plan.evidence, len(self.buffers[0]))
+        if n == 0:
+            return None
+        preds, scores = [], []
+        for head, buf in zip(self.heads, self.buffers, strict=True):
+            x, y = buf.arrays()
+            logits = head.logits(x[-n:])
+            preds.append(logits.argmax(axis=1))
+            scores.append(exit_score(logits, self.score_kind))
+        return ExitWindow.build(tuple(range(len(self.heads))), np.stack(preds), np.stack(scores),
+                                top1(y[-n:]))
 
     def apply(self, site: int, head: Head) -> None:
         """Deploy ``head`` at ``site``: the samples not served yet get its answers."""

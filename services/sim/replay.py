@@ -458,10 +458,11 @@ def run_replay(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_C
                                       climb)
         elif name == REFIT:
             if trace.features is not None:
+                refits = ReplayRefits(trace, refit or refit_plan(trace))
                 ctl = make_controller(trace, constraint, budget, window=window, climb=climb,
+                                      evidence=refits.evidence if refits.plan.evidence else None,
                                       **(controller or {}))
-                out[name] = run_offramp(trace, arrivals, ctl, delay_s, window, fb,
-                                        ReplayRefits(trace, refit or refit_plan(trace)))
+                out[name] = run_offramp(trace, arrivals, ctl, delay_s, window, fb, refits)
         elif name == "offramp":
             def fresh() -> ExitController:
                 return make_controller(trace, constraint, budget, window=window, climb=climb,

@@ -54,6 +54,7 @@ Scores follow ``services.exits.scores`` (lower = more confident, exit iff score 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -61,6 +62,7 @@ import numpy as np
 
 from services.exits.exit_window import ExitWindow
 from services.exits.latency_profile import LatencyProfile
+from services.tuner.evidence_adjust import choose_active
 from services.tuner.ramp_adjust import ADJUST_EVERY, DEFAULT_BUDGET, AdjustInput, adjust
 from services.tuner.thresholds import (
     DEFAULT_CONSTRAINT,
@@ -80,6 +82,7 @@ DEFAULT_TUNE_SHARE = 0.5     # tune to this share of the constraint: headroom fo
 DEFAULT_BACKOFF = 0.25       # after an alert, failing ramps' thresholds <= this x wrong score
 DEFAULT_COOLDOWN_ROUNDS = 2  # adjust rounds a deactivated site is not trialled again
 MAX_COOLDOWN_ROUNDS = 32     # the longest wait after repeated failures (4096 samples)
+MIN_EVIDENCE = 128          # sampled inputs an evidence window needs to choose the active set
 
 
 @dataclass(frozen=True)
@@ -133,9 +136,11 @@ class ExitController:
                  min_tune_samples: int | None = None,
                  tune_constraint: float | None = None, adjust_window: int | None = None,
                  backoff: float = DEFAULT_BACKOFF, version: int = 0,
-                 climb: Climb | None = None) -> None:
+                 climb: Climb | None = None,
+                 evidence: Callable[[], ExitWindow | None] | None = None) -> None:
         check_constraint(constraint)
         self.climb = climb
+        self.evidence = evidence  # recent samples seen by every site (feature feedback)
         if min(window, tune_window, adjust_every) < 1:
             raise ValueError("window, tune_window and adjust_every must be >= 1")
         if slack_windows is not None and slack_windows < 1:
@@ -371,6 +376,17 @@ class ExitController:
     def _adjust(self, trigger: Trigger) -> TunerDecision:
         self.counts["adjusts"] += 1
         self.rounds += 1
+        ev = self.evidence() if self.evidence is not None else None
+        if ev is not None and ev.n_samples >= MIN_EVIDENCE:
+            c = choose_active(ev, self.profile, self.active, self.budget, self.tune_constraint,
+                              self.climb)
+            if c.active == self.active:
+                return self._decision("adjust", trigger, "keep", c.reason, self.active,
+                                      self.thresholds, ev.n_samples, None)
+            return self._decision("adjust", trigger, "evidence_switch", c.reason, c.active,
+                                  c.thresholds, ev.n_samples, c.savings_ms,
+                                  deactivated=tuple(sorted(set(self.active) - set(c.active))),
+                                  added=tuple(sorted(set(c.active) - set(self.active))))
         w = self.recent(self.adjust_window)
         if w is None:
             return self._decision("adjust", trigger, "keep", "no feedback holds every active "

@@ -31,6 +31,7 @@ POLICY_MODULES = {
     "services.router.policy",
     "services.router.workers",
     "services.tuner.controller",
+    "services.tuner.evidence_adjust",
     "services.tuner.ramp_adjust",
     "services.tuner.refit",
     "services.tuner.thresholds",

@@ -45,10 +45,10 @@ def test_refits_find_the_savings_the_stale_heads_cannot():
     assert "refit" in kinds                              # the controller heard of each head
 
 
-def test_until_a_head_is_deployed_refit_decides_as_offramp():
+def test_without_refits_or_evidence_it_decides_as_offramp():
     tr = shifted_trace()
     out = run_replay(tr, tr.arrival_s, policies=("offramp", REFIT), grid_rounds=0,
-                     timing_passes=1, refit=RefitPlan(every=10**9))     # never due
+                     timing_passes=1, refit=RefitPlan(every=10**9, evidence=0))  # never due
     assert out[REFIT].extra["decisions"] == out["offramp"].extra["decisions"]
     assert np.array_equal(out[REFIT].latency_ms, out["offramp"].latency_ms)
 

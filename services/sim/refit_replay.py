@@ -31,7 +31,7 @@ class RefitPlan:
 
     cfg: RefitConfig = field(default_factory=RefitConfig)
     feature_rate: float = 0.5          # share of samples whose features come back
-    every: int = 128                   # sampled samples between refit rounds
+    every: int = 64                    # sampled samples between refit rounds
     soft_temperature: float | None = None  # softmax targets at this temperature (else top-1)
     seed: int = 0                      # which samples are sampled
     evidence: int = 256                # newest sampled inputs the adjustment chooses on (0: off)

@@ -25,11 +25,13 @@ import numpy as np
 
 from services.exits.scores import softmax
 
+LEVEL_GAP = 5.0  # logits below the answer from which a labelled class counts as never learned
+
 
 @dataclass(frozen=True)
 class RefitConfig:
     capacity: int = 1024        # samples a ramp's buffer keeps (the newest)
-    min_samples: int = 256      # a buffer refits once it holds this many
+    min_samples: int = 128      # a buffer refits once it holds this many
     holdout: float = 0.25       # the newest share, held back to judge the candidate
     steps: int = 40             # Adam steps per refit
     lr: float = 0.05            # on standardised features
@@ -111,7 +113,7 @@ def refit(head: Head, x: np.ndarray, y: np.ndarray, cfg: RefitConfig = RefitConf
     mean, std = x.mean(axis=0), x.std(axis=0) + 1e-6
     xs = (x - mean) / std
     w0 = head.weight[k] * std                                   # the same logits, standardised
-    b0 = head.bias[k] + head.weight[k] @ mean
+    b0 = head.bias[k] + head.weight[k] @ mean + _levelling(head, x, y, k)
     if len(rest):  # the fixed classes' share of every softmax
         fixed = x @ head.weight[rest].T + head.bias[rest]
         top = fixed.max(axis=1, keepdims=True)
@@ -124,6 +126,21 @@ def refit(head: Head, x: np.ndarray, y: np.ndarray, cfg: RefitConfig = RefitConf
     weight[k] = w / std
     bias[k] = b - (w / std) @ mean
     return Head(weight.astype(np.float32), bias.astype(np.float32))
+
+
+def _levelling(head: Head, x: np.ndarray, y: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Bias lifts for the moving classes: a class the head never learned sits far below every
+    answer (``prepare`` floors absent classes), where a few refit steps cannot lift it; it
+    starts level with the head's answers on its own samples instead."""
+    z = head.logits(x)
+    top, labels = z.max(axis=1), top1(y)
+    lift = np.zeros(len(k), np.float32)
+    for j, c in enumerate(k):
+        rows = labels == c
+        if rows.any():
+            gap = float((top[rows] - z[rows, c]).mean())
+            lift[j] = gap if gap > LEVEL_GAP else 0.0
+    return lift
 
 
 def _targets(y: np.ndarray, k: np.ndarray) -> np.ndarray:

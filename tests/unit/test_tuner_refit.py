@@ -84,13 +84,25 @@ def test_a_worse_calibrated_candidate_is_refused():
 def test_the_refit_starts_from_the_serving_head(shift):
     rng, old, new = shift
     serving = _head_for(old)
-    x, y = _stream(rng, new, 300, np.arange(6))
+    x, y = _stream(rng, old, 300, np.arange(6))            # where the serving head is right
     unchanged = refit(serving, x, y, RefitConfig(steps=0))
     assert np.allclose(unchanged.logits(x), serving.logits(x), atol=1e-3)
+    x, y = _stream(rng, new, 300, np.arange(6))
     moved = refit(serving, x, y, RefitConfig(steps=5))
     untouched = np.setdiff1d(np.arange(K), np.union1d(y, serving.logits(x).argmax(1)))
     assert len(untouched) and np.array_equal(moved.weight[untouched], serving.weight[untouched])
     assert not np.allclose(moved.weight, serving.weight)
+
+
+def test_a_class_the_head_never_learned_starts_level_with_its_answers(shift):
+    rng, old, _ = shift
+    head = _head_for(old)
+    floored = Head(head.weight, head.bias - 30.0 * (np.arange(K) == 7))   # prepare's floor
+    x, _ = _stream(rng, old, 200, np.array([7]))
+    y = np.full(len(x), 7)
+    z = refit(floored, x, y, RefitConfig(steps=0)).logits(x)
+    gap = (z.max(axis=1) - z[:, 7]).mean()
+    assert gap < 3.0 and (floored.logits(x).max(axis=1) - floored.logits(x)[:, 7]).mean() > 25
 
 
 def test_soft_targets_refit_too(shift):

@@ -37,6 +37,7 @@ class RefitConfig:
     lr: float = 0.05            # on standardised features
     l2: float = 1e-3            # pulls the moved weights towards the serving head's
     margin: float = 0.01        # agreement the candidate must gain on the held-back samples
+    significance: float = 3.0   # ... and that many standard deviations of the disagreeing pairs
     calibration_slack: float = 0.01  # how much worse its calibration error may be
 
 
@@ -203,8 +204,12 @@ def judge(serving: Head, candidate: Head, x: np.ndarray, y: np.ndarray,
     ls, lc = serving.logits(x), candidate.logits(x)
     a_s, a_c = float((ls.argmax(1) == labels).mean()), float((lc.argmax(1) == labels).mean())
     e_s, e_c = calibration_error(ls, labels), calibration_error(lc, labels)
-    if a_c < a_s + cfg.margin:
-        why = f"agreement {a_c:.3f} does not beat the serving {a_s:.3f} by {cfg.margin:.3f}"
+    gained = int(((lc.argmax(1) == labels) & (ls.argmax(1) != labels)).sum())
+    lost = int(((lc.argmax(1) != labels) & (ls.argmax(1) == labels)).sum())
+    needed = max(cfg.margin * len(labels), cfg.significance * np.sqrt(gained + lost))
+    if gained - lost < needed:
+        why = (f"agreement {a_c:.3f} does not beat the serving {a_s:.3f} by {cfg.margin:.3f} "
+               f"beyond chance ({gained} gained, {lost} lost)")
         return Verdict(False, a_s, a_c, e_s, e_c, why)
     if e_c > e_s + cfg.calibration_slack:
         why = f"calibration error {e_c:.3f} worse than the serving {e_s:.3f}"

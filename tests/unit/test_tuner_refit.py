@@ -144,3 +144,24 @@ def test_calibration_error_is_zero_when_confidence_matches():
     logits = np.log(np.array([[0.5, 0.5, 1e-9]] * 4, np.float32))
     assert calibration_error(logits, np.array([0, 0, 1, 1])) == pytest.approx(0.0, abs=1e-6)
     assert calibration_error(logits, np.array([2, 2, 2, 2])) == pytest.approx(0.5, abs=1e-6)
+
+
+def test_a_gain_within_chance_is_refused():
+    n = 400
+    labels = np.zeros(n, int)
+
+    def says_right_on(right: np.ndarray) -> np.ndarray:   # two-class logits, as features
+        return np.stack([right, ~right], 1).astype(np.float32) * 4
+
+    idx = np.arange(n)
+    serving_right = idx < 200
+    x = np.concatenate([says_right_on(serving_right), says_right_on((idx >= 10) & (idx < 220))],
+                       axis=1)
+    serving = Head(np.array([[1, 0, 0, 0], [0, 1, 0, 0]], np.float32), np.zeros(2, np.float32))
+    candidate = Head(np.array([[0, 0, 1, 0], [0, 0, 0, 1]], np.float32), np.zeros(2, np.float32))
+    cfg = RefitConfig(calibration_slack=1.0)
+    verdict = judge(serving, candidate, x, labels, cfg)      # 20 gained, 10 lost: +2.5 %
+    assert verdict.candidate_agreement >= verdict.serving_agreement + 0.02
+    assert not verdict.accept and "beyond chance" in verdict.reason
+    x[:, 2:] = says_right_on(idx < 260)                      # 60 gained, none lost
+    assert judge(serving, candidate, x, labels, cfg).accept

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from services.runtime.manifest import RampSpec
+from services.runtime.manifest import RampSpec, sha256_bytes
 from services.runtime.pooling import pool_of_arch
 
 
@@ -26,10 +26,11 @@ class LinearHead:
         return np.asarray(features, np.float32) @ self.weight.T + self.bias
 
 
-def load_head(model_dir: str | Path, ramp: RampSpec) -> LinearHead:
-    """The head of ``ramp`` read from its ONNX file; ValueError when the file holds no single
-    linear layer (a Gemm with constant weights) after the pooling."""
-    model = onnx.load(str(Path(model_dir) / ramp.file))
+def load_head(model_dir: str | Path, ramp: RampSpec, file: str | None = None) -> LinearHead:
+    """The head of ``ramp`` read from its ONNX file (``file``: another version's); ValueError
+    when the file holds no single linear layer (a Gemm with constant weights) after the
+    pooling."""
+    model = onnx.load(str(Path(model_dir) / (file or ramp.file)))
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     gemms = [n for n in model.graph.node if n.op_type == "Gemm"]
     if len(gemms) != 1 or not {gemms[0].input[1], gemms[0].input[2]} <= consts.keys():
@@ -41,3 +42,41 @@ def load_head(model_dir: str | Path, ramp: RampSpec) -> LinearHead:
         weight = weight.T  # stored C x classes
     bias = consts[gemms[0].input[2]].astype(np.float32)
     return LinearHead(np.ascontiguousarray(weight), bias, pool_of_arch(ramp.arch))
+
+
+def head_file_name(ramp: RampSpec, version: int, data: bytes) -> str:
+    """Where version ``version`` of ``ramp``'s head lives: named by its content, so a file
+    of that name is that head (workers and the store agree without a lookup)."""
+    return f"ramp_{ramp.index}.v{version}.{sha256_bytes(data)[:12]}.onnx"
+
+
+def head_onnx(model_dir: str | Path, ramp: RampSpec, head: LinearHead) -> bytes:
+    """The prepared head's ONNX graph (same pooling, inputs and outputs) with ``head``'s
+    linear layer: what a refitted head is served as."""
+    model = onnx.load(str(Path(model_dir) / ramp.file))
+    gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gemm.attribute}
+    weight = head.weight if attrs.get("transB", 0) else head.weight.T
+    arrays = {gemm.input[1]: weight, gemm.input[2]: head.bias}
+    for t in model.graph.initializer:
+        if t.name in arrays:
+            want = np.asarray(arrays[t.name], np.float32)
+            if tuple(t.dims) != want.shape:
+                raise ValueError(f"ramp {ramp.index}: head {t.name} must be {tuple(t.dims)}, "
+                                 f"got {want.shape}")
+            t.CopyFrom(numpy_helper.from_array(want, t.name))
+    return model.SerializeToString()
+
+
+def save_head(model_dir: str | Path, ramp: RampSpec, version: int, head: LinearHead
+              ) -> tuple[str, str]:
+    """Write ``head`` as version ``version`` of ``ramp`` next to the model's other files
+    (atomically: a worker never reads half a file); (file name, sha256)."""
+    data = head_onnx(model_dir, ramp, head)
+    name = head_file_name(ramp, version, data)
+    path = Path(model_dir) / name
+    if not path.exists():
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    return name, sha256_bytes(data)

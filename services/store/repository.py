@@ -38,6 +38,7 @@ from services.store.tables import (
     LatencyProfile,
     Model,
     Ramp,
+    RampHead,
     RampUtility,
     Request,
     TunerState,
@@ -458,3 +459,30 @@ class Store:
         with self.engine.connect() as conn:
             row = conn.execute(select(TunerState).where(TunerState.model == model)).one_or_none()
         return None if row is None else row._asdict()
+
+    def save_ramp_head(self, model: str, ramp: int, version: int, file: str, sha256: str,
+                       trained_on: int, judged_on: int, verdict: dict[str, float]) -> None:
+        """Record version ``version`` of ``ramp``'s head (its file next to the model's) with
+        the validation it passed: ``verdict`` holds serving_agreement, agreement,
+        serving_calibration and calibration. The same version twice is one row."""
+        stmt = self._insert(RampHead).values(
+            model=model, ramp=int(ramp), version=int(version), file=file, sha256=sha256,
+            trained_on=int(trained_on), judged_on=int(judged_on), created_at=utcnow(),
+            **{k: float(verdict[k]) for k in ("serving_agreement", "agreement",
+                                                 "serving_calibration", "calibration")})
+        stmt = stmt.on_conflict_do_nothing(
+            index_elements=[RampHead.model, RampHead.ramp, RampHead.version])
+        with self._writer.begin() as conn:
+            conn.execute(stmt)
+
+    def ramp_heads(self, model: str) -> list[dict[str, Any]]:
+        """Every refitted head of ``model``, by ramp and version."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(RampHead).where(RampHead.model == model)
+                                .order_by(RampHead.ramp, RampHead.version)).all()
+        return [r._asdict() for r in rows]
+
+    def latest_ramp_heads(self, model: str) -> dict[int, dict[str, Any]]:
+        """Per ramp, its newest refitted head (ramps still on the prepared head are absent):
+        what a restarted worker or tuner resumes from."""
+        return {r["ramp"]: r for r in self.ramp_heads(model)}

@@ -202,3 +202,25 @@ class TunerState(Base):
     state: Mapped[dict[str, Any]] = mapped_column(Json)
     config_version: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class RampHead(Base):
+    """A refitted head of one ramp: its file (content-hashed ONNX next to the model's), what
+    it was trained and judged on, and how it compared with the head it replaced."""
+
+    __tablename__ = "ramp_heads"
+    __table_args__ = (UniqueConstraint("model", "ramp", "version"),
+                      Index(None, "model", "created_at"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(Name)
+    ramp: Mapped[int] = mapped_column(Integer)
+    version: Mapped[int] = mapped_column(Integer)  # 1, 2, ...; 0 is the prepared head
+    file: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    trained_on: Mapped[int] = mapped_column(Integer)  # samples fitted on
+    judged_on: Mapped[int] = mapped_column(Integer)  # newest samples held back to judge it
+    serving_agreement: Mapped[float] = mapped_column(Float)  # the replaced head's, there
+    agreement: Mapped[float] = mapped_column(Float)
+    serving_calibration: Mapped[float] = mapped_column(Float)  # expected calibration error
+    calibration: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime)

@@ -26,6 +26,7 @@ TABLES = {
     "latency_profiles",
     "ramp_utilities",
     "tuner_state",
+    "ramp_heads",
 }
 
 
@@ -43,7 +44,7 @@ def test_upgrade_creates_tables_and_indexes(url: str) -> None:
     assert migrate.current(url) is None
     migrate.upgrade(url)
     assert _tables(url) == TABLES
-    assert migrate.current(url) == migrate.head() == "0002_tuning"
+    assert migrate.current(url) == migrate.head() == "0003_ramp_heads"
     engine = make_engine(url)
     try:
         insp = inspect(engine)
@@ -53,6 +54,7 @@ def test_upgrade_creates_tables_and_indexes(url: str) -> None:
         assert ("model", "created_at") in indexes["exit_configs"]
         assert ("model", "device") in indexes["latency_profiles"]
         assert ("model", "at") in indexes["ramp_utilities"]
+        assert ("model", "created_at") in indexes["ramp_heads"]
     finally:
         engine.dispose()
 

@@ -143,7 +143,7 @@ class StageRuntime:
                         for b in manifest.blocks[first_block:last_block]}
         self._so, self._quiet, self._providers = so, quiet, wanted
         self._out_device = "cuda" if wanted[0] == CUDA else "cpu"
-        self._merged: dict[tuple[int, int], ort.InferenceSession] = {}
+        self._merged: dict[tuple[int, int, int | None], ort.InferenceSession] = {}
         # At most TAPPED_SESSIONS_KEPT, the least recently used out: each holds its own copy
         # of the stage's weights (~100 MB for MiniLM), and a tuner adapting for days visits
         # ever more ramp sets.
@@ -158,6 +158,9 @@ class StageRuntime:
         self._merge_lock = threading.Lock()
         self._local = threading.local()  # this thread's RunOptions (see interruptible)
         self.ramps = manifest.ramps_in(first_block, last_block)
+        # ramp -> the head file it serves: the prepared one until an online refit's version
+        self.head_files = {r.index: r.file for r in self.ramps}
+        self._load = lambda file: load(file, quiet)
         self._ramps = {r.index: load(r.file, quiet) for r in self.ramps}
         self._in_dtypes = {t.name: np.dtype(t.dtype) for t in manifest.inputs}
         first = next(iter(self._blocks.values()))
@@ -283,6 +286,25 @@ class StageRuntime:
         sess.run_with_iobinding(io, self._ro())
         return io.get_outputs()
 
+    def set_head(self, ramp: int, file: str) -> None:
+        """Serve ``ramp`` with the head in ``file`` (a refitted version, next to the model's
+        files) from now on: its own session is reloaded and every built session that fused
+        the old head is dropped, to be rebuilt on next use (``warm`` does it off the serving
+        path). A batch already running on an old session finishes on it."""
+        if ramp not in self.head_files:
+            raise ValueError(f"ramp {ramp} is not in this stage ({sorted(self.head_files)})")
+        if self.head_files[ramp] == file:
+            return
+        sess = self._load(file)
+        with self._merge_lock:
+            self.head_files[ramp] = file
+            self._ramps[ramp] = sess
+            for key in [k for k in self._tapped if ramp in k]:
+                self._inputs.pop(self._tapped.pop(key), None)
+                self._tap_used.pop(key, None)
+            for key in [k for k in self._merged if k[2] == ramp]:
+                self._inputs.pop(self._merged.pop(key), None)
+
     # ------------------------------------------------------------------ tapped stages
 
     def tapped(self, ramps: tuple[int, ...]) -> ort.InferenceSession | None:
@@ -329,7 +351,7 @@ class StageRuntime:
             return None
         stage = self._tap_stage()
         heads = [(r, self.manifest.blocks[self.manifest.ramp(r).after_block].output_name,
-                  onnx.load(str(self.model_dir / self.manifest.ramp(r).file))) for r in ramps]
+                  onnx.load(str(self.model_dir / self.head_files[r]))) for r in ramps]
         try:  # the cached stage's bytes + the heads' and taps' (see taps.tap_extension)
             extension = taps.tap_extension(stage.facts, heads).SerializeToString()
         except Exception as exc:  # noqa: BLE001 - e.g. an opset mismatch in a user's model
@@ -419,7 +441,7 @@ class StageRuntime:
         model = assemble(parts, 0, len(parts))
         if ramp is None:
             return model
-        head = onnx.load(str(self.model_dir / self.manifest.ramp(ramp).file))
+        head = onnx.load(str(self.model_dir / self.head_files[ramp]))
         try:
             return with_head(model, head, f"ramp{ramp}/")
         except Exception:  # noqa: BLE001 - e.g. opset mismatch in a user's model: run apart

@@ -48,3 +48,34 @@ def test_a_saved_head_is_the_prepared_graph_with_new_weights(tmp_path, tiny_dir)
     assert head_file_name(ramp, 2, b"x") != head_file_name(ramp, 2, b"y")
     with pytest.raises(ValueError, match="must be"):
         save_head(tiny_dir, ramp, 3, LinearHead(new.weight[:, :2], new.bias, old.pool))
+
+
+def test_a_stage_serves_a_new_head_everywhere_it_runs(tmp_path_factory):
+    from services.prepare.pipeline import prepare
+    from services.runtime import taps
+
+    d = prepare("tiny", tmp_path_factory.mktemp("models"), log=lambda s: None,
+                progress=lambda s: None)
+    m = Manifest.load(d)
+    rt = StageRuntime(d, m, 0, m.num_blocks, device="cpu")
+    r = m.ramps[0]
+    x = sample_inputs("tiny", 8, seed=2)
+    site, _ = rt.run_range(0, r.after_block + 1, x)
+    act = np.asarray(site.numpy() if hasattr(site, "numpy") else site)
+    before_tapped = rt.tapped((r.index,))
+    rt.merged(0, r.after_block + 1, r.index)
+    old = load_head(d, r)
+    new = LinearHead(-2.0 * old.weight, old.bias[::-1].copy(), old.pool)
+    name, _ = save_head(d, r, 1, new)
+    rt.set_head(r.index, name)
+    want = new.logits(pool_np(act, new.pool))
+    assert np.allclose(rt.run_ramp(r.index, act), want, atol=1e-4)            # its own session
+    _, fused = rt.run_range(0, r.after_block + 1, x, None, r.index)            # fused in a range
+    assert np.allclose(fused, want, atol=1e-4)
+    sess = rt.tapped((r.index,))                                              # tapped stage
+    assert sess is not None and sess is not before_tapped
+    _, outcomes = rt.run_tapped(sess, x, None, taps.tap_plan(((r.index, 0.0),), "max_softmax"),
+                                np.full(8, -1, np.int32))
+    assert outcomes[0][:, 0].astype(int).tolist() == want.argmax(1).tolist()
+    with pytest.raises(ValueError, match="not in this stage"):
+        rt.set_head(99, name)

@@ -89,7 +89,7 @@ class SampleTelemetry:
                    batch_size=batch_size, stage_ms=stage_ms, t=f.number("t"))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: the router builds one per request, and frozen costs 4x
 class RequestRecord:
     """One request a router answered or refused. ``exit``, ``early``, ``label`` and
     ``config_version`` are None for errors."""

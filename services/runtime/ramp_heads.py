@@ -3,27 +3,15 @@ front of it, so pooled features can be scored, and heads refitted, without ONNX 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from services.exits.linear_head import LinearHead
 from services.runtime.manifest import RampSpec, sha256_bytes
 from services.runtime.pooling import pool_of_arch
-
-
-@dataclass(frozen=True, eq=False)
-class LinearHead:
-    """``logits = features @ weight.T + bias`` on the ramp's pooled features."""
-
-    weight: np.ndarray   # float32 classes x C
-    bias: np.ndarray     # float32 classes
-    pool: str            # services.runtime.pooling.POOLS
-
-    def logits(self, features: np.ndarray) -> np.ndarray:
-        return np.asarray(features, np.float32) @ self.weight.T + self.bias
 
 
 def load_head(model_dir: str | Path, ramp: RampSpec, file: str | None = None) -> LinearHead:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -471,8 +471,10 @@ class StageRuntime:
     def run_all(
         self, inputs: dict[str, np.ndarray] | np.ndarray,
         model_inputs: dict[str, np.ndarray] | None = None,
+        on_site: Callable[[int, np.ndarray, dict[str, np.ndarray] | None], None] | None = None,
     ) -> tuple[np.ndarray, dict[int, np.ndarray]]:
-        """Run every block of the stage; return its output and every ramp's logits."""
+        """Run every block of the stage; return its output and every ramp's logits.
+        ``on_site(ramp, activation, model_inputs)`` sees each ramp's site activation."""
         by_block: dict[int, list[int]] = {}
         for r in self.ramps:
             by_block.setdefault(r.after_block, []).append(r.index)
@@ -484,5 +486,7 @@ class StageRuntime:
             x = self.run_block(i, x, model_inputs)
             for r in by_block.get(i, []):
                 ramp_logits[r] = self.run_ramp(r, x, model_inputs)
+                if on_site is not None:
+                    on_site(r, x, model_inputs)
         assert isinstance(x, np.ndarray)
         return x, ramp_logits

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from services.exits.exit_window import ExitWindow
+from services.exits.linear_head import LinearHead
 from services.exits.scores import exit_score, softmax
 from services.sim.trace import Trace, TraceError
-from services.tuner.refit import Head, RampBuffer, RefitConfig, propose, top1
+from services.tuner.refit import RampBuffer, RefitConfig, propose, top1
 
 REFIT = "offramp+refit"
 
@@ -50,7 +51,7 @@ class ReplayRefits:
         self.score_kind = str(trace.meta.get("score", "max_softmax"))
         self.view = dataclasses.replace(trace, ramp_pred=trace.ramp_pred.copy(),
                                         ramp_score=trace.ramp_score.copy())
-        self.heads = [Head(w, b) for w, b in zip(f.weight, f.bias, strict=True)]
+        self.heads = [LinearHead(w, b) for w, b in zip(f.weight, f.bias, strict=True)]
         soft = plan.soft_temperature is not None and f.final_logits is not None
         self.targets = (softmax(f.final_logits / plan.soft_temperature) if soft
                         else trace.final_pred)
@@ -66,7 +67,7 @@ class ReplayRefits:
     def served(self, i: int) -> None:
         self.next_serve = max(self.next_serve, i + 1)
 
-    def feedback(self, i: int, t: float) -> list[tuple[int, Head]]:
+    def feedback(self, i: int, t: float) -> list[tuple[int, LinearHead]]:
         """Sample ``i``'s feedback arrived at ``t``: the heads a refit round accepted, if one
         was due."""
         if not self.sampled[i]:
@@ -80,7 +81,7 @@ class ReplayRefits:
         return [(k, head) for k in range(len(self.buffers))
                 if (head := self._round(k, i, t)) is not None]
 
-    def _round(self, k: int, i: int, t: float) -> Head | None:
+    def _round(self, k: int, i: int, t: float) -> LinearHead | None:
         t0 = time.perf_counter()
         candidate, verdict = propose(self.heads[k], self.buffers[k], self.plan.cfg)
         if verdict is None:
@@ -107,7 +108,7 @@ class ReplayRefits:
         return ExitWindow.build(tuple(range(len(self.heads))), np.stack(preds), np.stack(scores),
                                 top1(y[-n:]))
 
-    def apply(self, site: int, head: Head) -> None:
+    def apply(self, site: int, head: LinearHead) -> None:
         """Deploy ``head`` at ``site``: the samples not served yet get its answers."""
         start = self.next_serve
         logits = head.logits(self.features.by_site[site][start:])

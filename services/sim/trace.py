@@ -36,10 +36,11 @@ import numpy as np
 
 from services.exits.exit_window import ExitWindow
 from services.exits.latency_profile import LatencyProfile
+from services.exits.linear_head import LinearHead
 from services.exits.scores import exit_score
 from services.runtime.manifest import Manifest
 from services.runtime.pooling import pool_np
-from services.runtime.ramp_heads import LinearHead, load_head
+from services.runtime.ramp_heads import load_head
 from services.runtime.stage import StageRuntime
 
 _REQUIRED = ("ramp_pred", "ramp_score", "final_pred", "prefix_ms", "ramp_cost_ms")
@@ -234,20 +235,16 @@ def _stderr(msg: str) -> None:
 def _features_of(rt: StageRuntime, chunk: dict[str, np.ndarray] | np.ndarray,
                  heads: dict[int, LinearHead]) -> tuple[np.ndarray, dict[int, np.ndarray],
                                                      dict[int, np.ndarray]]:
-    """Like ``StageRuntime.run_all``, plus each ramp's pooled features."""
-    model_inputs = chunk if isinstance(chunk, dict) else None
-    logits: dict[int, np.ndarray] = {}
+    """``StageRuntime.run_all`` plus what each ramp's linear layer reads."""
     feats: dict[int, np.ndarray] = {}
-    x: dict[str, np.ndarray] | np.ndarray = chunk
-    for i in range(rt.first_block, rt.last_block):
-        x = rt.run_block(i, x, model_inputs)
-        for r in rt.ramps:
-            if r.after_block == i:
-                logits[r.index] = rt.run_ramp(r.index, x, model_inputs)
-                mask = model_inputs[r.inputs[0]] if r.inputs and model_inputs else None
-                feats[r.index] = pool_np(x, heads[r.index].pool, mask).astype(np.float32)
-    assert isinstance(x, np.ndarray)
-    return x, logits, feats
+
+    def pool(r: int, x: np.ndarray, model_inputs: dict[str, np.ndarray] | None) -> None:
+        names = rt.manifest.ramp(r).inputs
+        mask = model_inputs[names[0]] if names and model_inputs else None
+        feats[r] = pool_np(x, heads[r].pool, mask).astype(np.float32)
+
+    final, logits = rt.run_all(chunk, on_site=pool)
+    return final, logits, feats
 
 
 def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],

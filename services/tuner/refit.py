@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.exits.linear_head import LinearHead
 from services.exits.scores import softmax
 
 LEVEL_GAP = 5.0  # logits below the answer from which a labelled class counts as never learned
@@ -41,17 +42,6 @@ class RefitConfig:
     calibration_slack: float = 0.01  # how much worse its calibration error may be
 
 
-@dataclass(frozen=True, eq=False)
-class Head:
-    """A ramp's linear layer: ``logits = x @ weight.T + bias`` on pooled features."""
-
-    weight: np.ndarray   # float32 K x C
-    bias: np.ndarray     # float32 K
-
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(x, np.float32) @ self.weight.T + self.bias
-
-
 class RampBuffer:
     """The newest ``capacity`` (features, target) pairs of one ramp, oldest first.
 
@@ -61,13 +51,12 @@ class RampBuffer:
     def __init__(self, capacity: int, dim: int, soft_classes: int = 0) -> None:
         if capacity < 1 or dim < 1:
             raise ValueError("a ramp buffer needs capacity >= 1 and dim >= 1")
-        self.capacity, self.dim, self.soft = capacity, dim, soft_classes
+        self.capacity, self.dim = capacity, dim
         self.x = np.zeros((capacity, dim), np.float32)
         self.y = np.zeros((capacity, soft_classes), np.float32) if soft_classes \
             else np.zeros(capacity, np.int64)
         self.n = 0       # samples held
         self.next = 0    # where the next sample goes
-        self.seen = 0    # samples ever added
 
     def __len__(self) -> int:
         return self.n
@@ -83,7 +72,6 @@ class RampBuffer:
         self.x[idx], self.y[idx] = x, y
         self.next = int((self.next + len(x)) % self.capacity)
         self.n = min(self.capacity, self.n + len(x))
-        self.seen += len(x)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(features, targets) held, oldest first."""
@@ -96,27 +84,29 @@ def top1(y: np.ndarray) -> np.ndarray:
     return y if y.ndim == 1 else y.argmax(axis=1)
 
 
-def _moving_classes(head: Head, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Classes the refit moves: every label of the buffer and every serving top-1 on it."""
-    classes = np.union1d(np.unique(top1(y)), np.unique(head.logits(x).argmax(axis=1)))
+def _moving_classes(z: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Classes the refit moves: every label of the buffer and every serving top-1 on it
+    (``z``: the serving head's logits)."""
+    classes = np.union1d(np.unique(top1(y)), np.unique(z.argmax(axis=1)))
     if y.ndim == 2:  # soft targets: the classes that carry mass somewhere
         classes = np.union1d(classes, np.flatnonzero(y.max(axis=0) >= 0.01))
     return classes
 
 
-def refit(head: Head, x: np.ndarray, y: np.ndarray, cfg: RefitConfig = RefitConfig()
-          ) -> Head:
+def refit(head: LinearHead, x: np.ndarray, y: np.ndarray, cfg: RefitConfig = RefitConfig()
+          ) -> LinearHead:
     """Softmax regression of ``x`` on ``y`` warm-started from ``head``: Adam on standardised
     features over the moving classes, the other classes fixed. Returns the new head."""
     x = np.asarray(x, np.float32)
-    k = _moving_classes(head, x, y)
+    z = head.logits(x)
+    k = _moving_classes(z, y)
     rest = np.setdiff1d(np.arange(head.weight.shape[0]), k)
     mean, std = x.mean(axis=0), x.std(axis=0) + 1e-6
     xs = (x - mean) / std
     w0 = head.weight[k] * std                                   # the same logits, standardised
-    b0 = head.bias[k] + head.weight[k] @ mean + _levelling(head, x, y, k)
+    b0 = head.bias[k] + head.weight[k] @ mean + _levelling(z, y, k)
     if len(rest):  # the fixed classes' share of every softmax
-        fixed = x @ head.weight[rest].T + head.bias[rest]
+        fixed = z[:, rest]
         top = fixed.max(axis=1, keepdims=True)
         lse_rest = (top + np.log(np.exp(fixed - top).sum(axis=1, keepdims=True)))[:, 0]
     else:
@@ -126,14 +116,14 @@ def refit(head: Head, x: np.ndarray, y: np.ndarray, cfg: RefitConfig = RefitConf
     weight, bias = head.weight.copy(), head.bias.copy()
     weight[k] = w / std
     bias[k] = b - (w / std) @ mean
-    return Head(weight.astype(np.float32), bias.astype(np.float32))
+    return LinearHead(weight.astype(np.float32), bias.astype(np.float32), head.pool)
 
 
-def _levelling(head: Head, x: np.ndarray, y: np.ndarray, k: np.ndarray) -> np.ndarray:
+def _levelling(z: np.ndarray, y: np.ndarray, k: np.ndarray) -> np.ndarray:
     """Bias lifts for the moving classes: a class the head never learned sits far below every
     answer (``prepare`` floors absent classes), where a few refit steps cannot lift it; it
-    starts level with the head's answers on its own samples instead."""
-    z = head.logits(x)
+    starts level with the head's answers on its own samples instead (``z``: the head's
+    logits)."""
     top, labels = z.max(axis=1), top1(y)
     lift = np.zeros(len(k), np.float32)
     for j, c in enumerate(k):
@@ -197,7 +187,7 @@ class Verdict:
     reason: str
 
 
-def judge(serving: Head, candidate: Head, x: np.ndarray, y: np.ndarray,
+def judge(serving: LinearHead, candidate: LinearHead, x: np.ndarray, y: np.ndarray,
           cfg: RefitConfig = RefitConfig()) -> Verdict:
     """Whether ``candidate`` may replace ``serving``, judged on held-back samples."""
     labels = top1(y)
@@ -218,8 +208,8 @@ def judge(serving: Head, candidate: Head, x: np.ndarray, y: np.ndarray,
                    f"agreement {a_s:.3f} -> {a_c:.3f}, calibration error {e_s:.3f} -> {e_c:.3f}")
 
 
-def propose(serving: Head, buffer: RampBuffer, cfg: RefitConfig = RefitConfig()
-            ) -> tuple[Head | None, Verdict | None]:
+def propose(serving: LinearHead, buffer: RampBuffer, cfg: RefitConfig = RefitConfig()
+            ) -> tuple[LinearHead | None, Verdict | None]:
     """Refit on the older part of ``buffer`` and judge on the newest ``holdout`` share:
     (the head to deploy or None, the verdict or None when the buffer is too small)."""
     if len(buffer) < cfg.min_samples:

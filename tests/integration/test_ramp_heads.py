@@ -7,9 +7,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from services.exits.linear_head import LinearHead
 from services.runtime.manifest import Manifest
 from services.runtime.pooling import pool_np
-from services.runtime.ramp_heads import LinearHead, head_file_name, load_head, save_head
+from services.runtime.ramp_heads import head_file_name, load_head, save_head
 from services.runtime.stage import StageRuntime
 from services.zoo.registry import sample_inputs
 

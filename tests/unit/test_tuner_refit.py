@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from services.exits.linear_head import LinearHead
 from services.tuner.refit import (
-    Head,
     RampBuffer,
     RefitConfig,
     calibration_error,
@@ -25,10 +25,10 @@ def _stream(rng: np.random.Generator, means: np.ndarray, n: int, classes: np.nda
     return (means[y] + rng.normal(0, 0.6, (n, C))).astype(np.float32), y
 
 
-def _head_for(means: np.ndarray) -> Head:
+def _head_for(means: np.ndarray) -> LinearHead:
     """A nearest-mean linear head: right on the stream it was built for."""
     w = 2.0 * means
-    return Head(w.astype(np.float32), (-(means ** 2).sum(axis=1)).astype(np.float32))
+    return LinearHead(w.astype(np.float32), (-(means ** 2).sum(axis=1)).astype(np.float32))
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def shift():
     return rng, old, new
 
 
-def _agreement(head: Head, x: np.ndarray, y: np.ndarray) -> float:
+def _agreement(head: LinearHead, x: np.ndarray, y: np.ndarray) -> float:
     return float((head.logits(x).argmax(axis=1) == y).mean())
 
 
@@ -73,8 +73,8 @@ def test_a_worse_calibrated_candidate_is_refused():
     # answers the same but is all but certain: as accurate, worse calibrated
     x = np.tile(np.log(np.array([0.8, 0.1, 0.1], np.float32)), (100, 1))
     labels = np.array([0] * 80 + [1] * 20)
-    serving = Head(np.eye(3, dtype=np.float32), np.zeros(3, np.float32))
-    overconfident = Head(10 * np.eye(3, dtype=np.float32), np.zeros(3, np.float32))
+    serving = LinearHead(np.eye(3, dtype=np.float32), np.zeros(3, np.float32))
+    overconfident = LinearHead(10 * np.eye(3, dtype=np.float32), np.zeros(3, np.float32))
     assert calibration_error(serving.logits(x), labels) == pytest.approx(0.0, abs=1e-5)
     verdict = judge(serving, overconfident, x, labels, RefitConfig(margin=-1.0))
     assert not verdict.accept and "calibration" in verdict.reason
@@ -98,7 +98,7 @@ def test_a_class_the_head_never_learned_starts_level_with_its_answers(shift):
     rng, old, _ = shift
     head = _head_for(old)
     # prepare floors a class no bootstrap sample showed far below every answer
-    floored = Head(head.weight, (head.bias - 200.0 * (np.arange(K) == 7)).astype(np.float32))
+    floored = LinearHead(head.weight, (head.bias - 200.0 * (np.arange(K) == 7)).astype(np.float32))
     x, _ = _stream(rng, old, 200, np.array([7]))
     y = np.full(len(x), 7)
     z = refit(floored, x, y, RefitConfig(steps=0)).logits(x)
@@ -125,7 +125,7 @@ def test_the_buffer_keeps_the_newest_in_order():
         buf.add(np.arange(start, start + 3, dtype=np.float32)[:, None].repeat(2, 1),
                 np.arange(start, start + 3))
     x, y = buf.arrays()
-    assert len(buf) == 5 and buf.seen == 9 and list(y) == [4, 5, 6, 7, 8]
+    assert len(buf) == 5 and list(y) == [4, 5, 6, 7, 8]
     assert list(x[:, 0]) == [4, 5, 6, 7, 8]
     buf.add(np.zeros((12, 2), np.float32), np.arange(100, 112))   # more than it holds
     assert list(buf.arrays()[1]) == list(range(107, 112))
@@ -157,8 +157,8 @@ def test_a_gain_within_chance_is_refused():
     serving_right = idx < 200
     x = np.concatenate([says_right_on(serving_right), says_right_on((idx >= 10) & (idx < 220))],
                        axis=1)
-    serving = Head(np.array([[1, 0, 0, 0], [0, 1, 0, 0]], np.float32), np.zeros(2, np.float32))
-    candidate = Head(np.array([[0, 0, 1, 0], [0, 0, 0, 1]], np.float32), np.zeros(2, np.float32))
+    serving = LinearHead(np.array([[1, 0, 0, 0], [0, 1, 0, 0]], np.float32), np.zeros(2, np.float32))
+    candidate = LinearHead(np.array([[0, 0, 1, 0], [0, 0, 0, 1]], np.float32), np.zeros(2, np.float32))
     cfg = RefitConfig(calibration_slack=1.0)
     verdict = judge(serving, candidate, x, labels, cfg)      # 20 gained, 10 lost: +2.5 %
     assert verdict.candidate_agreement >= verdict.serving_agreement + 0.02

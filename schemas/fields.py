@@ -138,3 +138,22 @@ class FieldReader:
             raise self.error(f"field {name!r} must have shape {list(shape)}, "
                              f"got {list(value.shape)}")
         return value
+
+    def tensors(self, name: str, kinds: str) -> list[np.ndarray]:
+        """An array of tensors of one of the dtype ``kinds`` (shapes checked by the caller)."""
+        value = self._array(name)
+        for k, t in enumerate(value):
+            if not isinstance(t, np.ndarray):
+                raise self._wrong(f"{name}[{k}]", "a tensor (msgpack ext type 1)", t)
+            if t.dtype.kind not in kinds:
+                raise self.error(f"field {name}[{k}] must hold {_KIND_NAMES.get(kinds, kinds)}, "
+                                 f"got dtype {t.dtype.str!r}")
+        return value
+
+    def value_shape(self, name: str, axis: int) -> int:
+        """Axis ``axis`` of the tensor in ``name`` (for shapes that only the data fixes),
+        0 when it is not a tensor of that rank (the shape check then says what is wrong)."""
+        value = self._value(name, REQUIRED)
+        if isinstance(value, np.ndarray) and value.ndim > axis:
+            return int(value.shape[axis])
+        return 0

@@ -194,6 +194,15 @@ class Results:
             raise _bad(f"malformed results: {exc!r}") from None
 
 
+def head_file(name: Any) -> str:
+    """A ramp head's file name as an exit config may name it: a plain ``.onnx`` file name
+    (the file lives next to the model's other files; no path may point elsewhere)."""
+    if (not isinstance(name, str) or not name.endswith(".onnx") or "/" in name
+            or "\\" in name or name.startswith(".")):
+        raise ValueError(f"a head must be a plain .onnx file name, got {name!r}")
+    return name
+
+
 @dataclass(slots=True)
 class ExitConfig:
     """Thresholds (ramp index -> threshold on the exit score) and active ramps.
@@ -208,11 +217,14 @@ class ExitConfig:
     thresholds: dict[int, float] = field(default_factory=dict)
     active: list[int] = field(default_factory=list)
     score: str = "max_softmax"
+    # ramp index -> the head file it serves (a refitted version); absent: the prepared head
+    heads: dict[int, str] = field(default_factory=dict)
 
     def encode(self) -> bytes:
         return pack({"v": SCHEMA_VERSION, "model": self.model, "version": self.version,
                      "mode": self.mode, "thresholds": {int(k): float(v) for k, v in self.thresholds.items()},
-                     "active": [int(r) for r in self.active], "score": self.score})
+                     "active": [int(r) for r in self.active], "score": self.score,
+                     "heads": {int(k): str(v) for k, v in self.heads.items()}})
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> ExitConfig:
@@ -222,6 +234,7 @@ class ExitConfig:
                        thresholds={int(k): float(v)
                                    for k, v in (msg.get("thresholds") or {}).items()},
                        active=[int(r) for r in msg.get("active") or []],
-                       score=msg.get("score", "max_softmax"))
+                       score=msg.get("score", "max_softmax"),
+                       heads={int(k): head_file(v) for k, v in (msg.get("heads") or {}).items()})
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise _bad(f"malformed exit config: {exc!r}") from None

@@ -52,6 +52,12 @@ def telemetry_samples(model: str) -> str:
     return f"{PREFIX}.telemetry.samples.{model}"
 
 
+def ramp_features(model: str) -> str:
+    """Sampled pooled features at every ramp site, from last-stage workers to the tuner
+    (plain publish, not stored: sampled feedback for online ramp refits)."""
+    return f"{PREFIX}.features.{model}"
+
+
 def telemetry_requests(model: str) -> str:
     """Per-request outcomes from the router (stored in JetStream)."""
     return f"{PREFIX}.telemetry.requests.{model}"

@@ -1,6 +1,7 @@
 """Telemetry messages (``schemas/README.md``, "Sample telemetry" and "Request telemetry").
 
-Sample telemetry goes from last-stage workers to the monitor and the tuner, request
+Sample telemetry goes from last-stage workers to the monitor and the tuner, ramp features
+from last-stage workers to the tuner, request
 telemetry from routers to the monitor; both are stored in the telemetry stream. Each
 class has the one encoder and the one decoder of its message.
 """
@@ -15,6 +16,7 @@ import numpy as np
 from schemas.codec import SCHEMA_VERSION, pack
 from schemas.fields import FLOATS, INTS, FieldReader
 
+FINAL_LOGITS_MAX_CLASSES = 100  # ramp features carry the final logits up to this many classes
 OK = "ok"  # request-record status of a request that got an answer (else its error code)
 
 
@@ -87,6 +89,51 @@ class SampleTelemetry:
                    final_pred=f.tensor("final_pred", INTS, (n,)),
                    final_score=f.tensor("final_score", FLOATS, (n,)),
                    batch_size=batch_size, stage_ms=stage_ms, t=f.number("t"))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RampFeatures:
+    """For ``N`` sampled samples of one batch, what each ramp's linear layer reads at every
+    ramp site (active or not) and the final model's answer: the training data of online
+    ramp refits (``services/tuner/refit.py``)."""
+
+    model: str
+    worker: str
+    config_version: int
+    ids: list[str]                   # N request ids
+    ramp_ids: list[int]              # R ramp sites, in order
+    features: list[np.ndarray]       # per site, float32 N x C_r (pooled site activation)
+    final_pred: np.ndarray           # int32 N, the final model's top-1
+    final_logits: np.ndarray | None  # float32 N x K (soft targets), or None
+    t: float                         # unix seconds
+
+    def encode(self) -> bytes:
+        return pack({"v": SCHEMA_VERSION, "model": self.model, "worker": self.worker,
+                     "config_version": int(self.config_version), "ids": list(self.ids),
+                     "ramp_ids": [int(r) for r in self.ramp_ids],
+                     "features": [np.ascontiguousarray(x, np.float32) for x in self.features],
+                     "final_pred": self.final_pred, "final_logits": self.final_logits,
+                     "t": float(self.t)})
+
+    @classmethod
+    def decode(cls, msg: dict[str, Any]) -> RampFeatures:
+        f = FieldReader(msg, "ramp features")
+        ids, ramp_ids = f.texts("ids"), f.integers("ramp_ids")
+        n = len(ids)
+        features = f.tensors("features", FLOATS)
+        if len(features) != len(ramp_ids):
+            raise f.error(f"{len(ramp_ids)} ramp_ids but {len(features)} feature tensors")
+        for r, x in zip(ramp_ids, features, strict=True):
+            if x.ndim != 2 or x.shape[0] != n or x.shape[1] < 1:
+                raise f.error(f"features of ramp {r} must be [{n}, C], got {list(x.shape)}")
+        logits = None
+        if msg.get("final_logits") is not None:
+            logits = f.tensor("final_logits", FLOATS, (n, f.value_shape("final_logits", 1)))
+        return cls(model=f.text("model"), worker=f.text("worker"),
+                   config_version=f.integer("config_version"), ids=ids, ramp_ids=ramp_ids,
+                   features=[x.astype(np.float32, copy=False) for x in features],
+                   final_pred=f.tensor("final_pred", INTS, (n,)), final_logits=logits,
+                   t=f.number("t"))
 
 
 @dataclass(slots=True)  # not frozen: the router builds one per request, and frozen costs 4x

@@ -15,6 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ec.add_argument("--threshold", type=float, help="one threshold for every active ramp")
     ec.add_argument("--set", action="append", default=[], help="RAMP=THRESHOLD")
     ec.add_argument("--active", help="comma list of active ramps (default: all; none = vanilla)")
+    ec.add_argument("--head", action="append", default=[], metavar="RAMP=VERSION",
+                    help="serve this stored head version of a ramp (0: the prepared head); "
+                    "rolls back a refit. Later refits must beat it to replace it")
     ec.add_argument("--reason", default="set by hand (offramp exit-config)")
     ec.set_defaults(fn=run)
 
@@ -24,4 +27,4 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_mod.load()
     return set_exit_config(cfg, nats_url(cfg), args.model, args.threshold, args.set,
-                           args.active, args.reason)
+                           args.active, args.reason, args.head)

@@ -42,6 +42,11 @@ class Config:
     feedback_backlog: int = 8
     inline_ms: float = 5.0
     tuner_native: bool = True
+    # share of samples whose pooled ramp features a last-stage worker publishes for online
+    # ramp refits (0: no features, no refits), at most ramp_feature_max_per_s per worker
+    ramp_feature_rate: float = 0.5
+    ramp_feature_max_per_s: float = 200.0
+    refit: bool = True  # the tuner refits ramp heads from the features (needs a rate > 0)
 
     def as_env(self) -> dict[str, str]:
         """The environment a child service needs to see this same configuration."""
@@ -69,6 +74,9 @@ class Config:
             "OFFRAMP_FEEDBACK_BACKLOG": str(self.feedback_backlog),
             "OFFRAMP_INLINE_MS": str(self.inline_ms),
             "OFFRAMP_TUNER_NATIVE": "1" if self.tuner_native else "0",
+            "OFFRAMP_RAMP_FEATURE_RATE": str(self.ramp_feature_rate),
+            "OFFRAMP_RAMP_FEATURE_MAX_PER_S": str(self.ramp_feature_max_per_s),
+            "OFFRAMP_REFIT": "1" if self.refit else "0",
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
@@ -148,6 +156,9 @@ def _load() -> Config:
         feedback_backlog=_non_negative("OFFRAMP_FEEDBACK_BACKLOG", "8"),
         inline_ms=_non_negative_float("OFFRAMP_INLINE_MS", "5"),
         tuner_native=_env("OFFRAMP_TUNER_NATIVE", "1") != "0",
+        ramp_feature_rate=_fraction("OFFRAMP_RAMP_FEATURE_RATE", "0.5"),
+        ramp_feature_max_per_s=_non_negative_float("OFFRAMP_RAMP_FEATURE_MAX_PER_S", "200"),
+        refit=_env("OFFRAMP_REFIT", "1") != "0",
     )
 
 
@@ -173,4 +184,11 @@ def _non_negative_float(name: str, default: str) -> float:
         raise ConfigError(f"{name}={text!r}: not a number") from None
     if not value >= 0 or value == float("inf"):
         raise ConfigError(f"{name}={value}: must be a finite number >= 0")
+    return value
+
+
+def _fraction(name: str, default: str) -> float:
+    value = _non_negative_float(name, default)
+    if value > 1:
+        raise ConfigError(f"{name}={value}: must be a fraction in [0, 1]")
     return value

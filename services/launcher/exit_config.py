@@ -11,8 +11,33 @@ from services.common.config import Config
 from services.store.repository import Store
 
 
+def pinned_heads(store: Store, model: str, current: dict[int, str], pins: list[str]
+                 ) -> dict[int, str]:
+    """``current`` heads with each ``RAMP=VERSION`` of ``pins`` applied (version 0: the
+    prepared head); ValueError naming the versions that exist for an unknown one."""
+    heads = dict(current)
+    stored = store.ramp_heads(model)
+    for pin in pins:
+        ramp_s, _, version_s = pin.partition("=")
+        try:
+            ramp, version = int(ramp_s), int(version_s)
+        except ValueError:
+            raise ValueError(f"--head {pin!r}: use RAMP=VERSION (0: the prepared head)") from None
+        if version == 0:
+            heads.pop(ramp, None)
+            continue
+        match = [h for h in stored if h["ramp"] == ramp and h["version"] == version]
+        if not match:
+            have = sorted(h["version"] for h in stored if h["ramp"] == ramp)
+            raise ValueError(f"ramp {ramp} has no head version {version} (stored: "
+                             f"{have or 'none'}; 0 = the prepared head)")
+        heads[ramp] = match[0]["file"]
+    return heads
+
+
 def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | None,
-                    sets: list[str], active: str | None, reason: str) -> int:
+                    sets: list[str], active: str | None, reason: str,
+                    head_pins: list[str] | None = None) -> int:
     store = Store(cfg.database_url)
     try:
         ramps = [r["idx"] if "idx" in r else r["index"] for r in store.ramps(model)]
@@ -34,10 +59,17 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
         for s in sets:
             ramp, _, value = s.partition("=")
             thresholds[int(ramp)] = float(value)
-        row = store.save_exit_config(model, thresholds, active_ramps, "latency", reason)
+        try:
+            heads = pinned_heads(store, model, dict(latest.heads) if latest else {},
+                                 head_pins or [])
+        except ValueError as exc:
+            print(f"error: {exc}")
+            return 2
+        row = store.save_exit_config(model, thresholds, active_ramps, "latency", reason, heads)
     finally:
         store.close()
-    config = ExitConfig(model, row.version, row.mode, dict(row.thresholds), list(row.active))
+    config = ExitConfig(model, row.version, row.mode, dict(row.thresholds), list(row.active),
+                        heads=dict(row.heads))
 
     async def publish() -> None:
         nc = await bus.connect(nats_url, "offramp-exit-config", connect_timeout=3)
@@ -47,7 +79,8 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
 
     try:
         asyncio.run(publish())
-        print(f"exit config v{row.version} for {model}: thresholds={row.thresholds} active={row.active}")
+        print(f"exit config v{row.version} for {model}: thresholds={row.thresholds} "
+              f"active={row.active} heads={row.heads or 'prepared'}")
     except RuntimeError as exc:
         print(f"stored exit config v{row.version}; not broadcast ({exc}); workers load it on start")
     return 0

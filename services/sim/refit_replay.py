@@ -19,9 +19,10 @@ import numpy as np
 
 from services.exits.exit_window import ExitWindow
 from services.exits.linear_head import LinearHead
-from services.exits.scores import exit_score, softmax
+from services.exits.scores import exit_score
 from services.sim.trace import Trace, TraceError
-from services.tuner.refit import RampBuffer, RefitConfig, propose, top1
+from services.tuner.ramp_learner import LearnerConfig, RampLearner
+from services.tuner.refit import RefitConfig
 
 REFIT = "offramp+refit"
 
@@ -39,7 +40,8 @@ class RefitPlan:
 
 
 class ReplayRefits:
-    """Mutable copy of a trace's ramp answers that refitted heads re-score."""
+    """Mutable copy of a trace's ramp answers that refitted heads re-score (sites are the
+    trace's ramp rows, 0..R-1)."""
 
     def __init__(self, trace: Trace, plan: RefitPlan = RefitPlan()) -> None:
         f = trace.features
@@ -51,18 +53,20 @@ class ReplayRefits:
         self.score_kind = str(trace.meta.get("score", "max_softmax"))
         self.view = dataclasses.replace(trace, ramp_pred=trace.ramp_pred.copy(),
                                         ramp_score=trace.ramp_score.copy())
-        self.heads = [LinearHead(w, b) for w, b in zip(f.weight, f.bias, strict=True)]
         soft = plan.soft_temperature is not None and f.final_logits is not None
-        self.targets = (softmax(f.final_logits / plan.soft_temperature) if soft
-                        else trace.final_pred)
-        k = f.final_logits.shape[1] if soft else 0
-        self.buffers = [RampBuffer(plan.cfg.capacity, x.shape[1], k) for x in f.by_site]
+        self.learner = RampLearner(
+            {k: LinearHead(w, b) for k, (w, b) in enumerate(zip(f.weight, f.bias, strict=True))},
+            LearnerConfig(plan.cfg, plan.every, plan.soft_temperature, plan.evidence),
+            classes=f.final_logits.shape[1] if soft else 0)
+        self.final_pred, self.final_logits = trace.final_pred, f.final_logits if soft else None
         self.sampled = np.random.default_rng(plan.seed).random(trace.n_samples) < plan.feature_rate
-        self.versions = [0] * trace.n_sites
         self.next_serve = 0    # samples below this were served: their answers stay
-        self.fed = 0           # sampled feedback since the last round
         self.log: list[dict[str, Any]] = []
         self.refit_ms: list[float] = []
+
+    @property
+    def versions(self) -> list[int]:
+        return [self.learner.versions[k] for k in sorted(self.learner.versions)]
 
     def served(self, i: int) -> None:
         self.next_serve = max(self.next_serve, i + 1)
@@ -72,18 +76,18 @@ class ReplayRefits:
         was due."""
         if not self.sampled[i]:
             return []
-        for k, buf in enumerate(self.buffers):
-            buf.add(self.features.by_site[k][i: i + 1], self.targets[i: i + 1])
-        self.fed += 1
-        if self.fed < self.plan.every:
+        rows = slice(i, i + 1)
+        due = self.learner.feed({k: x[rows] for k, x in enumerate(self.features.by_site)},
+                                self.final_pred[rows],
+                                None if self.final_logits is None else self.final_logits[rows])
+        if not due:
             return []
-        self.fed = 0
-        return [(k, head) for k in range(len(self.buffers))
+        return [(k, head) for k in sorted(self.learner.heads)
                 if (head := self._round(k, i, t)) is not None]
 
     def _round(self, k: int, i: int, t: float) -> LinearHead | None:
         t0 = time.perf_counter()
-        candidate, verdict = propose(self.heads[k], self.buffers[k], self.plan.cfg)
+        candidate, verdict, _, _ = self.learner.propose(k)
         if verdict is None:
             return None
         self.refit_ms.append((time.perf_counter() - t0) * 1e3)
@@ -96,17 +100,7 @@ class ReplayRefits:
     def evidence(self) -> ExitWindow | None:
         """The newest sampled inputs as every site's current head sees them (what the
         adjustment chooses the active set on), or None when there are none."""
-        n = min(self.plan.evidence, len(self.buffers[0]))
-        if n == 0:
-            return None
-        preds, scores = [], []
-        for head, buf in zip(self.heads, self.buffers, strict=True):
-            x, y = buf.arrays()
-            logits = head.logits(x[-n:])
-            preds.append(logits.argmax(axis=1))
-            scores.append(exit_score(logits, self.score_kind))
-        return ExitWindow.build(tuple(range(len(self.heads))), np.stack(preds), np.stack(scores),
-                                top1(y[-n:]))
+        return self.learner.evidence(self.score_kind)
 
     def apply(self, site: int, head: LinearHead) -> None:
         """Deploy ``head`` at ``site``: the samples not served yet get its answers."""
@@ -114,6 +108,5 @@ class ReplayRefits:
         logits = head.logits(self.features.by_site[site][start:])
         self.view.ramp_pred[site, start:] = logits.argmax(axis=1)
         self.view.ramp_score[site, start:] = exit_score(logits, self.score_kind)
-        self.heads[site] = head
-        self.versions[site] += 1
-        self.log.append({"sample": start, "site": site, "deployed_version": self.versions[site]})
+        version = self.learner.adopt(site, head)
+        self.log.append({"sample": start, "site": site, "deployed_version": version})

@@ -42,6 +42,7 @@ from services.runtime.manifest import Manifest
 from services.runtime.pooling import pool_np
 from services.runtime.ramp_heads import load_head
 from services.runtime.stage import StageRuntime
+from services.tuner.ramp_learner import soft_temperature
 
 _REQUIRED = ("ramp_pred", "ramp_score", "final_pred", "prefix_ms", "ramp_cost_ms")
 SOFT_TARGET_CLASSES = 100  # final logits are kept up to this many classes (N x K floats)
@@ -293,10 +294,9 @@ def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
 def _targets_of(manifest: Manifest) -> dict[str, Any]:
     """What the model's ramps learned (its preparation recipe): soft targets carry their
     temperature, so a replay's refits learn the same."""
-    for part in str(manifest.meta.get("recipe", "")).split("|"):
-        key, _, value = part.partition("=")
-        if key == "targets" and value.startswith("softmax@"):
-            return {"ramp_targets": "softmax", "soft_temperature": float(value.split("@")[1])}
+    temperature = soft_temperature(str(manifest.meta.get("recipe", "")))
+    if temperature is not None:
+        return {"ramp_targets": "softmax", "soft_temperature": temperature}
     return {"ramp_targets": "top1"}
 
 

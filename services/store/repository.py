@@ -207,15 +207,18 @@ class Store:
         return [exit_config_row(r) for r in rows]
 
     def save_exit_config(
-        self, model: str, thresholds: dict[int, float], active: list[int], mode: str, reason: str
+        self, model: str, thresholds: dict[int, float], active: list[int], mode: str, reason: str,
+        heads: dict[int, str] | None = None,
     ) -> ExitConfigRow:
-        """Store the next version (previous + 1, or 1) of `model`'s exit config."""
+        """Store the next version (previous + 1, or 1) of `model`'s exit config (``heads``:
+        ramp -> the refitted head file it serves)."""
         values = {
             "model": model,
             "thresholds": {str(int(k)): float(v) for k, v in thresholds.items()},
             "active": [int(i) for i in active],
             "mode": mode,
             "reason": reason,
+            "heads": {str(int(k)): str(v) for k, v in (heads or {}).items()} or None,
         }
 
         def attempt() -> ExitConfigRow:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +22,7 @@ class ExitConfigRow:
     mode: str
     reason: str
     created_at: datetime  # naive UTC
+    heads: dict[int, str] = field(default_factory=dict)  # ramp -> refitted head file
 
 
 def opt(kind: Callable[[Any], T], value: Any) -> T | None:
@@ -67,6 +68,7 @@ def exit_config_row(row: Any) -> ExitConfigRow:
         mode=row.mode,
         reason=row.reason,
         created_at=row.created_at,
+        heads={int(k): str(v) for k, v in (getattr(row, "heads", None) or {}).items()},
     )
 
 

@@ -103,6 +103,8 @@ class ExitConfig(Base):
     mode: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime)
+    # ramp index (JSON keys are strings) -> head file it serves; NULL: all prepared heads
+    heads: Mapped[dict[str, str] | None] = mapped_column(Json, nullable=True)
 
 
 class ExitProfile(Base):

@@ -3,7 +3,15 @@ on live sample telemetry and deploys the exit configs it decides.
 
 Every decision that changes the config is stored first (a new ``exit_configs`` version
 with its reason) and then broadcast on ``offramp.config.<model>``; workers swap it in
-between batches. Ramp-adjustment utilities go to ``ramp_utilities`` and the controller's
+between batches.
+
+The tuner also refits ramp heads online (``ramp_learner``, ``refit``): sampled pooled
+features from workers (``offramp.features.<model>``) fill per-ramp buffers; a refit round
+runs in a thread every few dozen samples; an accepted head is written as a new versioned
+file, recorded in ``ramp_heads``, and deployed in the next config, where the controller
+treats it like a ramp trial (threshold restarts at 0). It lives here, not in the profiler,
+because a new head changes what the controller must do next: the two act on one lock and
+one config version sequence. Ramp-adjustment utilities go to ``ramp_utilities`` and the controller's
 state to ``tuner_state`` after every decision, so a restarted tuner resumes with the same
 config version and feedback history instead of falling back to defaults. A config stored
 by someone else (``offramp exit-config``) is adopted as the new starting point.
@@ -12,6 +20,7 @@ by someone else (``offramp exit-config``) is adopted as the new starting point.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import numpy as np
@@ -20,53 +29,89 @@ from nats.aio.msg import Msg
 
 from schemas import subjects
 from schemas.messages import ExitConfig, decode_map
-from schemas.telemetry import SampleTelemetry
+from schemas.telemetry import RampFeatures, SampleTelemetry
 from services.common import bus, logs
 from services.common.config import Config
+from services.common.service_loop import spawn
 from services.exits.exit_window import ExitWindow
 from services.exits.latency_profile import LatencyProfile
 from services.runtime.manifest import Manifest
+from services.runtime.ramp_heads import load_head, save_head
 from services.store.repository import Store
 from services.tuner import climb_native
 from services.tuner.controller import ExitController, TunerDecision
+from services.tuner.ramp_learner import LearnerConfig, RampLearner, soft_temperature
 
 STATE_EVERY_S = 5.0  # also save the controller state this often while feedback arrives
 
 
-def window_of(telemetry: SampleTelemetry) -> ExitWindow | None:
-    """The feedback a sample-telemetry message carries (active ramps only), or None."""
-    ids = telemetry.ramp_ids
+def window_of(telemetry: SampleTelemetry, head_since: dict[int, int] | None = None
+              ) -> ExitWindow | None:
+    """The feedback a sample-telemetry message carries (active ramps only), or None.
+    ``head_since``: ramp -> config version from which it serves its current head; its rows
+    from earlier configs scored an older head and are left out."""
+    since = head_since or {}
+    keep = [k for k, r in enumerate(telemetry.ramp_ids)
+            if telemetry.config_version >= since.get(r, 0)]
+    ids = [telemetry.ramp_ids[k] for k in keep]
     final = np.asarray(telemetry.final_pred, np.int64)
     if not len(final):
         return None
-    pred = np.asarray(telemetry.ramp_pred, np.int64)
-    score = np.asarray(telemetry.ramp_score, np.float64)
+    pred = np.asarray(telemetry.ramp_pred, np.int64)[keep]
+    score = np.asarray(telemetry.ramp_score, np.float64)[keep]
     order = np.argsort(ids, kind="stable")
     return ExitWindow.build([ids[i] for i in order], pred[order], score[order], final)
 
 
-class ModelTuner:
-    """One model: its controller, and the store version of the config it deployed."""
+def head_version(file: str) -> int:
+    """The version in a refitted head's file name (``ramp_<i>.v<version>.<hash>.onnx``);
+    0 for a prepared head."""
+    m = re.search(r"\.v(\d+)\.[0-9a-f]+\.onnx$", file)
+    return int(m.group(1)) if m else 0
 
-    def __init__(self, name: str, controller: ExitController, deployed: int) -> None:
+
+class ModelTuner:
+    """One model: its controller, the store version of the config it deployed, and its
+    ramp heads (files served, refit state)."""
+
+    def __init__(self, name: str, controller: ExitController, deployed: int,
+                 manifest: Manifest, heads: dict[int, str] | None = None) -> None:
         self.name = name
         self.controller = controller
         self.deployed = deployed  # exit_configs version in force
         self.saved_at = 0.0
+        self.manifest = manifest
+        self.heads = dict(heads or {})        # ramp -> refitted head file it serves
+        self.head_since: dict[int, int] = {}  # ramp -> config version its head came with
+        self.learner: RampLearner | None = None
+        self.next_version: dict[int, int] = {}  # ramp -> version its next refit gets
+        self.refitting = False
+        self.refit_ms: list[float] = []
+
+
+def wire_evidence(tuner: ModelTuner) -> None:
+    """The controller chooses active sets on what every ramp's current head makes of the
+    newest feature feedback (not only on the active ramps' telemetry)."""
+    learner, ctrl = tuner.learner, tuner.controller
+    if learner is not None:
+        ctrl.evidence = lambda: learner.evidence(ctrl.score)
 
 
 class Tuner:
     def __init__(self, nc: Client, cfg: Config, store, log) -> None:
         self.nc, self.cfg, self.store, self.log = nc, cfg, store, log
         self.models: dict[str, ModelTuner] = {}
+        self.tasks: set[asyncio.Task] = set()
         self.lock = asyncio.Lock()  # one decision at a time: versions stay in order
 
     def load(self, name: str) -> ModelTuner:
         """Resume from the store: the saved controller if it matches the config in force,
-        else a controller starting from that config."""
+        else a controller starting from that config; the heads that config serves."""
         manifest = Manifest.load(self.cfg.models_dir / name)
         latest = self.store.latest_exit_config(name)
+        heads = dict(latest.heads) if latest is not None else {}
         saved = self.store.tuner_state(name)
+        tuner = None
         if latest is not None and saved is not None and saved["config_version"] == latest.version:
             ctrl = ExitController.from_dict(saved["state"])
             prof = LatencyProfile.from_manifest(manifest)
@@ -75,10 +120,33 @@ class Tuner:
                 ctrl.profile, ctrl.budget = prof, self.cfg.ramp_budget
                 self.log.info("tuner resumed %s", logs.kv(model=name, version=latest.version,
                                                            samples=ctrl.seen))
-                return ModelTuner(name, ctrl, latest.version)
-            self.log.warning("saved tuner state has %d sites, the model now %d: starting from "
-                             "the config in force", ctrl.profile.n_sites, prof.n_sites)
-        return ModelTuner(name, self._fresh(manifest, latest), latest.version if latest else 0)
+                tuner = ModelTuner(name, ctrl, latest.version, manifest, heads)
+            else:
+                self.log.warning("saved tuner state has %d sites, the model now %d: starting "
+                                 "from the config in force", ctrl.profile.n_sites, prof.n_sites)
+        if tuner is None:
+            tuner = ModelTuner(name, self._fresh(manifest, latest),
+                               latest.version if latest else 0, manifest, heads)
+        self._start_learning(tuner)
+        return tuner
+
+    def _start_learning(self, tuner: ModelTuner) -> None:
+        """Online refits for ``tuner``'s model, from the heads its config serves (off when
+        workers publish no features)."""
+        if not self.cfg.refit or self.cfg.ramp_feature_rate <= 0:
+            return
+        model_dir = self.cfg.models_dir / tuner.name
+        heads = {r.index: load_head(model_dir, r, tuner.heads.get(r.index))
+                 for r in tuner.manifest.ramps}
+        temperature = soft_temperature(str(tuner.manifest.meta.get("recipe", "")))
+        classes = int(tuner.manifest.classes) if temperature is not None else 0
+        tuner.learner = RampLearner(
+            heads, LearnerConfig(soft_temperature=temperature), classes=classes,
+            versions={r: head_version(f) for r, f in tuner.heads.items()})
+        stored = self.store.ramp_heads(tuner.name)
+        tuner.next_version = {r: 1 + max([h["version"] for h in stored if h["ramp"] == r],
+                                         default=0) for r in heads}
+        wire_evidence(tuner)
 
     def _fresh(self, manifest: Manifest, latest) -> ExitController:
         ramps = sorted(r.index for r in manifest.ramps)
@@ -94,7 +162,7 @@ class Tuner:
             tuner = self.models.get(telemetry.model)
             if tuner is None:
                 return
-            window = window_of(telemetry)
+            window = window_of(telemetry, tuner.head_since)
         except Exception as exc:  # noqa: BLE001 - bad telemetry must not stop tuning
             self.log.warning("bad sample telemetry: %r", exc)
             return
@@ -109,23 +177,90 @@ class Tuner:
             if decisions or time.monotonic() - tuner.saved_at > STATE_EVERY_S:
                 await self._save_state(tuner)
 
-    async def _deploy(self, tuner: ModelTuner, d: TunerDecision, ms: float) -> None:
+    async def on_features(self, msg: Msg) -> None:
+        try:
+            feats = RampFeatures.decode(decode_map(msg.data))
+            tuner = self.models.get(feats.model)
+            if tuner is None or tuner.learner is None:
+                return
+            due = tuner.learner.feed(dict(zip(feats.ramp_ids, feats.features, strict=True)),
+                                     feats.final_pred, feats.final_logits)
+        except Exception as exc:  # noqa: BLE001 - bad feedback must not stop tuning
+            self.log.warning("bad ramp features: %r", exc)
+            return
+        if due and not tuner.refitting:  # a round still running takes the next one's place
+            tuner.refitting = True
+            spawn(self._refit_round(tuner), self.tasks, self.log)
+
+    async def _refit_round(self, tuner: ModelTuner) -> None:
+        """Refit every ramp (in a thread: ~10-50 ms each), deploy the accepted heads."""
+        try:
+            accepted = []
+            for ramp in sorted(tuner.learner.heads):
+                t0 = time.perf_counter()
+                head, verdict, trained, judged = await asyncio.to_thread(
+                    tuner.learner.propose, ramp)
+                if verdict is None:
+                    continue
+                tuner.refit_ms.append((time.perf_counter() - t0) * 1e3)
+                if head is not None:
+                    accepted.append(await self._save_head(tuner, ramp, head, verdict,
+                                                          trained, judged))
+            if accepted:
+                await self._deploy_heads(tuner, accepted)
+        finally:
+            tuner.refitting = False
+
+    async def _save_head(self, tuner: ModelTuner, ramp: int, head, verdict, trained: int,
+                         judged: int) -> tuple[int, object, int, str]:
+        version = tuner.next_version[ramp]
+        spec = tuner.manifest.ramp(ramp)
+        file, sha = await asyncio.to_thread(save_head, self.cfg.models_dir / tuner.name, spec,
+                                            version, head)
+        await asyncio.to_thread(self.store.save_ramp_head, tuner.name, ramp, version, file, sha,
+                                trained, judged, {
+                                    "serving_agreement": verdict.serving_agreement,
+                                    "agreement": verdict.candidate_agreement,
+                                    "serving_calibration": verdict.serving_calibration,
+                                    "calibration": verdict.candidate_calibration})
+        tuner.next_version[ramp] = version + 1
+        self.log.info("ramp head refitted %s", logs.kv(
+            model=tuner.name, ramp=ramp, version=version, file=file, trained_on=trained,
+            judged_on=judged, why=verdict.reason,
+            refit_ms=round(tuner.refit_ms[-1], 1) if tuner.refit_ms else None))
+        return ramp, head, version, file
+
+    async def _deploy_heads(self, tuner: ModelTuner, accepted: list) -> None:
+        """One config for every head a round accepted; each ramp restarts as a trial."""
+        async with self.lock:
+            d = None
+            for ramp, head, version, file in accepted:
+                tuner.learner.adopt(ramp, head, version)
+                tuner.heads[ramp] = file
+                d = tuner.controller.head_changed(ramp)
+            await self._deploy(tuner, d, 0.0, heads_changed=True)
+            for ramp, *_ in accepted:
+                tuner.head_since[ramp] = tuner.deployed
+            await self._save_state(tuner)
+
+    async def _deploy(self, tuner: ModelTuner, d: TunerDecision, ms: float,
+                      heads_changed: bool = False) -> None:
         if d.kind == "adjust" and d.utilities:
             rows = [{"model": tuner.name, "round": tuner.controller.rounds, "ramp": u.ramp_id,
                      "exits": int(u.exits), "saved_ms": float(u.saved_ms),
                      "added_ms": float(u.added_ms), "utility_ms": float(u.utility_ms),
                      "action": d.action, "config_version": tuner.deployed} for u in d.utilities]
             await asyncio.to_thread(self.store.add_ramp_utilities, rows)
-        if not d.changed:
+        if not d.changed and not heads_changed:
             return
-        thresholds = {r.index: 0.0 for r in Manifest.load(self.cfg.models_dir / tuner.name).ramps}
+        thresholds = {r.index: 0.0 for r in tuner.manifest.ramps}
         thresholds.update({int(r): float(t) for r, t in zip(d.active, d.thresholds, strict=True)})
         reason = f"tuner {d.trigger}/{d.action}: {d.reason}"
         row = await asyncio.to_thread(self.store.save_exit_config, tuner.name, thresholds,
-                                      list(d.active), "latency", reason[:2000])
+                                      list(d.active), "latency", reason[:2000], tuner.heads)
         tuner.deployed = row.version
         config = ExitConfig(tuner.name, row.version, "latency", thresholds, list(d.active),
-                            tuner.controller.score)
+                            tuner.controller.score, dict(tuner.heads))
         await self.nc.publish(subjects.exit_config(tuner.name), config.encode())
         self.log.info("exit config deployed %s", logs.kv(
             model=tuner.name, version=row.version, trigger=d.trigger, action=d.action,
@@ -151,8 +286,23 @@ class Tuner:
             latest = await asyncio.to_thread(self.store.latest_exit_config, config.model)
             tuner.controller = self._fresh(manifest, latest)
             tuner.deployed = latest.version if latest is not None else config.version
+            heads = dict(latest.heads) if latest is not None else dict(config.heads)
+            await asyncio.to_thread(self._adopt_heads, tuner, heads)
+            wire_evidence(tuner)
             self.log.info("tuner adopted %s", logs.kv(model=config.model, version=tuner.deployed))
             await self._save_state(tuner)
+
+    def _adopt_heads(self, tuner: ModelTuner, heads: dict[int, str]) -> None:
+        """Serve (and refit from) the heads a config set by hand names, e.g. a pinned
+        earlier version: later refits must beat that head to replace it."""
+        changed = {r for r in set(heads) | set(tuner.heads) if heads.get(r) != tuner.heads.get(r)}
+        tuner.heads = dict(heads)
+        for r in changed:
+            tuner.head_since[r] = tuner.deployed
+            if tuner.learner is not None and r in tuner.learner.heads:
+                spec = tuner.manifest.ramp(r)
+                head = load_head(self.cfg.models_dir / tuner.name, spec, heads.get(r))
+                tuner.learner.adopt(r, head, head_version(heads.get(r, spec.file)))
 
 
 async def serve(cfg: Config, stop: asyncio.Event) -> None:
@@ -164,6 +314,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
         tuner.models[name] = await asyncio.to_thread(tuner.load, name)
     await nc.subscribe(subjects.telemetry_samples("*"), cb=tuner.on_samples)
     await nc.subscribe(subjects.exit_config("*"), cb=tuner.on_config)
+    await nc.subscribe(subjects.ramp_features("*"), cb=tuner.on_features)
     log.info("tuner ready %s", logs.kv(models=",".join(tuner.models),
                                         constraint=cfg.accuracy_loss,
                                         climb=climb_native.engine(cfg.tuner_native)))

@@ -44,7 +44,7 @@ def test_upgrade_creates_tables_and_indexes(url: str) -> None:
     assert migrate.current(url) is None
     migrate.upgrade(url)
     assert _tables(url) == TABLES
-    assert migrate.current(url) == migrate.head() == "0003_ramp_heads"
+    assert migrate.current(url) == migrate.head() == "0004_config_heads"
     engine = make_engine(url)
     try:
         insp = inspect(engine)

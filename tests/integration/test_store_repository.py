@@ -142,6 +142,15 @@ def test_exit_config_versions_are_per_model(store: Store) -> None:
     assert store.latest_exit_config("b").version == 1  # type: ignore[union-attr]
 
 
+def test_exit_configs_keep_the_heads_they_serve(store: Store) -> None:
+    assert store.save_exit_config("h", {0: 0.1}, [0], "latency", "prepared").heads == {}
+    row = store.save_exit_config("h", {0: 0.1}, [0], "latency", "refit",
+                                 {2: "ramp_2.v3.0123456789ab.onnx"})
+    assert row.heads == {2: "ramp_2.v3.0123456789ab.onnx"}
+    assert store.latest_exit_config("h").heads == row.heads  # type: ignore[union-attr]
+    assert [c.heads for c in store.exit_configs("h")] == [{}, row.heads]
+
+
 def test_exit_config_versions_under_concurrency(store: Store) -> None:
     def save(i: int) -> int:
         return store.save_exit_config("m", {0: i / 100}, [0], "compute", "race").version

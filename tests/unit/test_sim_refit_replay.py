@@ -58,7 +58,7 @@ def test_a_deployed_head_rescores_only_the_samples_not_yet_served():
     refits = ReplayRefits(tr)
     refits.served(999)
     before = refits.view.ramp_score.copy()
-    head = refits.heads[0]
+    head = refits.learner.heads[0]
     refits.apply(0, type(head)(head.weight * 2, head.bias * 2))
     assert np.array_equal(refits.view.ramp_score[:, :1000], before[:, :1000])
     assert not np.array_equal(refits.view.ramp_score[0, 1000:], before[0, 1000:])

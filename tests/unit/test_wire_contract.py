@@ -29,7 +29,7 @@ from schemas.messages import (
     encode_error,
     encode_reply,
 )
-from schemas.telemetry import OK, RequestRecord, RequestTelemetry, SampleTelemetry
+from schemas.telemetry import OK, RampFeatures, RequestRecord, RequestTelemetry, SampleTelemetry
 
 README = Path(__file__).resolve().parents[2] / "schemas" / "README.md"
 
@@ -381,7 +381,8 @@ def test_every_subject_is_documented() -> None:
              subjects.stage("<model>", "<k>"),  # type: ignore[arg-type]
              subjects.stage_queue("<model>", "<k>"),  # type: ignore[arg-type]
              subjects.results("<router_id>"), subjects.exit_config("<model>"),
-             subjects.telemetry_samples("<model>"), subjects.telemetry_requests("<model>")]
+             subjects.telemetry_samples("<model>"), subjects.telemetry_requests("<model>"),
+             subjects.ramp_features("<model>")]
     missing = [n for n in names if f"`{n}`" not in text]
     assert not missing, missing
     assert subjects.INFER_ALL == "offramp.infer.*" and "`offramp.infer.*`" in text
@@ -425,6 +426,54 @@ def test_exit_config_int_keys() -> None:
     assert (msg["mode"], msg["score"], msg["active"], msg["version"]) == ("latency", "max_softmax",
                                                                          [0, 2], 3)
     assert ExitConfig.decode(decode_map(data)) == cfg
+
+
+def test_exit_config_heads_round_trip_and_bad_names_are_refused() -> None:
+    cfg = ExitConfig("tiny", 4, thresholds={0: 0.1}, active=[0],
+                     heads={0: "ramp_0.v2.0123456789ab.onnx"})
+    msg = client_decode(cfg.encode())
+    assert msg["heads"] == {0: "ramp_0.v2.0123456789ab.onnx"}
+    assert ExitConfig.decode(decode_map(cfg.encode())) == cfg
+    assert ExitConfig.decode({**msg, "heads": None}).heads == {}
+    for bad in ("../ramp_0.onnx", "/etc/passwd.onnx", ".hidden.onnx", "ramp_0.v2.txt", 7,
+                "a\\b.onnx"):
+        assert_refused(ExitConfig.decode, {**msg, "heads": {0: bad}}, "malformed exit config")
+
+
+def ramp_features(n: int = 3, logits: bool = True) -> RampFeatures:
+    rng = np.random.default_rng(0)
+    return RampFeatures(
+        model="tiny", worker="tiny-s0-abcdef", config_version=5,
+        ids=[f"r{i}" for i in range(n)], ramp_ids=[0, 2],
+        features=[rng.random((n, 4), np.float32), rng.random((n, 8), np.float32)],
+        final_pred=np.arange(n, dtype=np.int32),
+        final_logits=rng.random((n, 10), np.float32) if logits else None, t=1.5)
+
+
+def test_ramp_features_fields_round_trip() -> None:
+    feats = ramp_features()
+    msg = client_decode(feats.encode())
+    assert set(msg) - {"v"} == table_fields(readme_section("Ramp features"))
+    back = RampFeatures.decode(decode_map(feats.encode()))
+    assert back.ids == feats.ids and back.ramp_ids == [0, 2]
+    for a, b in zip(back.features, feats.features, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(back.final_logits, feats.final_logits)
+    assert RampFeatures.decode(decode_map(ramp_features(logits=False).encode())).final_logits is None
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"features": [np.zeros((3, 4), np.float32)]}, "2 ramp_ids but 1 feature tensors"),
+    ({"features": [np.zeros((2, 4), np.float32), np.zeros((3, 8), np.float32)]}, "[3, C]"),
+    ({"features": [np.zeros((3, 4), np.int32), np.zeros((3, 8), np.float32)]}, "floats"),
+    ({"features": [[1.0], np.zeros((3, 8), np.float32)]}, "tensor"),
+    ({"final_logits": np.zeros((2, 10), np.float32)}, "final_logits"),
+    ({"final_pred": np.zeros(3, np.float32)}, "final_pred"),
+    ({"ids": None}, "'ids'"),
+])
+def test_ramp_features_refuse_malformed_input(change: dict, fragment: str) -> None:
+    msg = {**decode_map(ramp_features().encode()), **change}
+    assert_refused(RampFeatures.decode, msg, "ramp features", fragment)
 
 
 def test_batch_and_results_refuse_malformed_input() -> None:

@@ -1,0 +1,114 @@
+"""The refit role's state for one model (pure): every ramp's serving head, a buffer of its
+recent feature feedback, its version, and when a refit round is due.
+
+The tuner service and the replay's ``offramp+refit`` policy both drive this class: sampled
+feedback goes in with :meth:`RampLearner.feed`, which says when a round is due (every
+``every`` sampled samples); the caller then asks :meth:`RampLearner.propose` for each ramp
+(timing it: this module reads no clock) and, for a head it deploys, calls
+:meth:`RampLearner.adopt`. Pooled features do not depend on the head that will read them,
+so a buffer stays valid across head versions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.exits.exit_window import ExitWindow
+from services.exits.linear_head import LinearHead
+from services.exits.scores import exit_score, softmax
+from services.tuner.refit import RampBuffer, RefitConfig, Verdict, propose, top1
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    refit: RefitConfig = field(default_factory=RefitConfig)
+    every: int = 64                        # sampled samples between refit rounds
+    soft_temperature: float | None = None  # softmax targets at this temperature (else top-1)
+    evidence: int = 256                    # newest samples the ramp adjustment chooses on
+
+
+def soft_temperature(recipe: str) -> float | None:
+    """The temperature of a model's soft ramp targets, from its preparation recipe
+    (``...|targets=softmax@0.5|...``), or None when its ramps learned the top-1."""
+    for part in str(recipe).split("|"):
+        key, _, value = part.partition("=")
+        if key == "targets" and value.startswith("softmax@"):
+            return float(value.split("@")[1])
+    return None
+
+
+class RampLearner:
+    """Per ramp (keyed by ramp index): serving head, feedback buffer, version."""
+
+    def __init__(self, heads: dict[int, LinearHead], cfg: LearnerConfig = LearnerConfig(),
+                 classes: int = 0, versions: dict[int, int] | None = None) -> None:
+        if cfg.every < 1:
+            raise ValueError("a refit round needs every >= 1 sampled samples")
+        self.cfg = cfg
+        self.heads = dict(sorted(heads.items()))
+        self.versions = {r: (versions or {}).get(r, 0) for r in self.heads}
+        soft = classes if cfg.soft_temperature is not None else 0
+        self.buffers = {r: RampBuffer(cfg.refit.capacity, h.weight.shape[1], soft)
+                        for r, h in self.heads.items()}
+        self.fed = 0    # sampled samples since the last round
+        self.seen = 0   # sampled samples ever
+
+    def targets(self, final_pred: np.ndarray, final_logits: np.ndarray | None) -> np.ndarray:
+        """What the buffers learn: softmax targets when configured and the logits came
+        (else the final top-1)."""
+        if self.cfg.soft_temperature is not None and final_logits is not None:
+            return softmax(np.asarray(final_logits, np.float32) / self.cfg.soft_temperature)
+        return np.asarray(final_pred, np.int64)
+
+    def feed(self, features: dict[int, np.ndarray], final_pred: np.ndarray,
+             final_logits: np.ndarray | None = None) -> bool:
+        """Add feedback for N samples (``features``: ramp -> N x C); True when a refit round
+        is due. Ramps this learner does not know are ignored; a ramp whose features have the
+        wrong width raises ValueError."""
+        y = self.targets(final_pred, final_logits)
+        if y.ndim == 2 and any(b.y.ndim == 1 for b in self.buffers.values()):
+            y = top1(y)  # buffers were made for hard labels
+        if y.ndim == 1 and any(b.y.ndim == 2 for b in self.buffers.values()):
+            return False  # soft buffers and no logits: nothing to learn from here
+        n = 0
+        for r, x in features.items():
+            if r in self.buffers:
+                self.buffers[r].add(x, y)
+                n = len(x)
+        self.fed += n
+        self.seen += n
+        if self.fed < self.cfg.every:
+            return False
+        self.fed = self.fed % self.cfg.every  # a batch's surplus counts towards the next round
+        return True
+
+    def propose(self, ramp: int) -> tuple[LinearHead | None, Verdict | None, int, int]:
+        """Refit ``ramp`` on its buffer: (head to deploy or None, verdict or None when the
+        buffer is too small, samples trained on, samples judged on)."""
+        buf = self.buffers[ramp]
+        candidate, verdict = propose(self.heads[ramp], buf, self.cfg.refit)
+        judged = max(1, round(len(buf) * self.cfg.refit.holdout)) if verdict else 0
+        return candidate, verdict, (len(buf) - judged if verdict else 0), judged
+
+    def adopt(self, ramp: int, head: LinearHead, version: int | None = None) -> int:
+        """``ramp`` serves ``head`` from now on, as ``version`` (default: the next); returns it."""
+        self.heads[ramp] = head
+        self.versions[ramp] = self.versions[ramp] + 1 if version is None else int(version)
+        return self.versions[ramp]
+
+    def evidence(self, score_kind: str) -> ExitWindow | None:
+        """The newest samples every ramp has feedback for, as each ramp's serving head scores
+        them (what the ramp adjustment chooses the active set on); None before any."""
+        n = min([self.cfg.evidence] + [len(b) for b in self.buffers.values()])
+        if n == 0 or not self.buffers:
+            return None
+        preds, scores, y = [], [], None
+        for r, head in self.heads.items():
+            x, y = self.buffers[r].arrays()
+            logits = head.logits(x[-n:])
+            preds.append(logits.argmax(axis=1))
+            scores.append(exit_score(logits, score_kind))
+        return ExitWindow.build(tuple(self.heads), np.stack(preds), np.stack(scores),
+                                top1(y[-n:]))

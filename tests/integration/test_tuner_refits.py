@@ -1,0 +1,161 @@
+"""The tuner's refit role (services.tuner.service) on the prepared tiny model: sampled
+features in, a judged head out as a versioned file, a ramp_heads row and an exit config
+that names it; a restarted tuner resumes the heads in force; a pinned version rolls back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from schemas import subjects
+from schemas.messages import ExitConfig, decode_map
+from schemas.telemetry import RampFeatures
+from services.common import config as config_mod
+from services.launcher.exit_config import pinned_heads
+from services.runtime.manifest import Manifest
+from services.runtime.ramp_heads import load_head
+from services.store.migrate import upgrade
+from services.store.repository import Store
+from services.tuner.service import Tuner
+
+MODEL = "tiny"
+
+
+class FakeBus:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        self.sent.append((subject, data))
+
+
+@pytest.fixture()
+def env(models_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("OFFRAMP_MODELS_DIR", str(models_dir))
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    store = Store(url)
+    yield SimpleNamespace(store=store, models_dir=models_dir, cfg=config_mod.load())
+    store.close()
+
+
+def _tuner(env) -> Tuner:
+    tuner = Tuner(FakeBus(), env.cfg, env.store, logging.getLogger("test"))
+    tuner.models[MODEL] = tuner.load(MODEL)
+    return tuner
+
+
+def _feature_msgs(models_dir, manifest: Manifest, n_msgs: int, per: int = 64, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    heads = {r.index: load_head(models_dir / MODEL, r) for r in manifest.ramps}
+    teacher = {r: rng.normal(0, 1, (manifest.classes, h.weight.shape[1]))
+               for r, h in heads.items()}
+    msgs = []
+    for m in range(n_msgs):
+        y = rng.integers(0, manifest.classes, per)
+        feats = [(teacher[r][y] * 3 + rng.normal(0, 0.5, (per, h.weight.shape[1])))
+                 .astype(np.float32) for r, h in heads.items()]
+        data = RampFeatures(MODEL, "w", 1, [f"{m}-{i}" for i in range(per)], list(heads),
+                            feats, y.astype(np.int32), None, 0.0).encode()
+        msgs.append(SimpleNamespace(data=data))
+    return msgs
+
+
+async def _feed(tuner: Tuner, msgs) -> None:
+    for msg in msgs:
+        await tuner.on_features(msg)
+        while tuner.tasks:  # let a refit round finish before the next message
+            await asyncio.gather(*list(tuner.tasks))
+
+
+def test_refits_are_judged_stored_and_deployed(env):
+    manifest = Manifest.load(env.models_dir / MODEL)
+    tuner = _tuner(env)
+    mt = tuner.models[MODEL]
+    assert mt.learner is not None and mt.heads == {}
+    asyncio.run(_feed(tuner, _feature_msgs(env.models_dir, manifest, 6)))
+    rows = env.store.ramp_heads(MODEL)
+    assert rows, "no refit was accepted on a stream the prepared heads never saw"
+    assert all(r["agreement"] > r["serving_agreement"] for r in rows)
+    latest = env.store.latest_exit_config(MODEL)
+    newest = env.store.latest_ramp_heads(MODEL)
+    assert latest.heads == {r: h["file"] for r, h in newest.items()}
+    for r, h in newest.items():
+        assert (env.models_dir / MODEL / h["file"]).exists()
+        assert mt.learner.versions[r] == h["version"]
+    sent = [ExitConfig.decode(decode_map(d)) for s, d in tuner.nc.sent
+            if s == subjects.exit_config(MODEL)]
+    assert sent[-1].heads == latest.heads and sent[-1].version == latest.version
+    assert all(mt.head_since[r] <= latest.version for r in newest)
+    # a changed ramp restarts at threshold 0: nothing exits on an unjudged head
+    assert all(latest.thresholds[r] == 0.0 for r in newest)
+
+    again = _tuner(env).models[MODEL]  # a restart resumes the heads in force
+    assert again.heads == latest.heads
+    for r, h in newest.items():
+        np.testing.assert_allclose(again.learner.heads[r].weight,
+                                   load_head(env.models_dir / MODEL, manifest.ramp(r),
+                                             h["file"]).weight)
+        assert again.next_version[r] == h["version"] + 1
+
+
+def test_a_refit_that_gains_nothing_is_not_deployed(env):
+    manifest = Manifest.load(env.models_dir / MODEL)
+    tuner = _tuner(env)
+    rng = np.random.default_rng(3)
+    heads = tuner.models[MODEL].learner.heads
+    msgs = []
+    for m in range(6):  # labels are what the serving heads already say: nothing to gain
+        feats = [rng.normal(0, 1, (64, h.weight.shape[1])).astype(np.float32)
+                 for h in heads.values()]
+        y = heads[manifest.ramps[0].index].logits(feats[0]).argmax(1)
+        ys = y.astype(np.int32)
+        msgs.append(SimpleNamespace(data=RampFeatures(
+            MODEL, "w", 1, [f"{m}-{i}" for i in range(64)], list(heads), feats, ys, None,
+            0.0).encode()))
+    asyncio.run(_feed(tuner, msgs))
+    first = manifest.ramps[0].index
+    assert all(r["ramp"] != first for r in env.store.ramp_heads(MODEL))
+
+
+def test_bad_features_are_logged_and_tuning_goes_on(env, caplog):
+    tuner = _tuner(env)
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(tuner.on_features(SimpleNamespace(data=b"\x81\xa1v\x01")))
+    assert "bad ramp features" in caplog.text
+
+
+def test_a_pinned_version_rolls_back_and_unknown_versions_are_refused(env):
+    manifest = Manifest.load(env.models_dir / MODEL)
+    tuner = _tuner(env)
+    asyncio.run(_feed(tuner, _feature_msgs(env.models_dir, manifest, 6)))
+    newest = env.store.latest_ramp_heads(MODEL)
+    r = next(iter(newest))
+    current = env.store.latest_exit_config(MODEL).heads
+    assert r not in pinned_heads(env.store, MODEL, current, [f"{r}=0"])
+    with pytest.raises(ValueError, match="no head version 99"):
+        pinned_heads(env.store, MODEL, current, [f"{r}=99"])
+    with pytest.raises(ValueError, match="RAMP=VERSION"):
+        pinned_heads(env.store, MODEL, current, ["x"])
+
+
+def test_the_tuner_adopts_a_pinned_head_set_by_hand(env):
+    manifest = Manifest.load(env.models_dir / MODEL)
+    tuner = _tuner(env)
+    asyncio.run(_feed(tuner, _feature_msgs(env.models_dir, manifest, 6)))
+    latest = env.store.latest_exit_config(MODEL)
+    r = next(iter(latest.heads))
+    heads = pinned_heads(env.store, MODEL, latest.heads, [f"{r}=0"])
+    row = env.store.save_exit_config(MODEL, latest.thresholds, latest.active, "latency",
+                                     "set by hand", heads)
+    msg = ExitConfig(MODEL, row.version, "latency", row.thresholds, row.active, heads=row.heads)
+    asyncio.run(tuner.on_config(SimpleNamespace(data=msg.encode())))
+    mt = tuner.models[MODEL]
+    assert mt.deployed == row.version and r not in mt.heads
+    np.testing.assert_array_equal(mt.learner.heads[r].weight,
+                                  load_head(env.models_dir / MODEL, manifest.ramp(r)).weight)
+    assert mt.learner.versions[r] == 0 and mt.head_since[r] == row.version

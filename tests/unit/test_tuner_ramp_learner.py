@@ -1,0 +1,107 @@
+"""The refit role's state (services.tuner.ramp_learner) and the tuner's feedback filters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from schemas.telemetry import SampleTelemetry
+from services.exits.linear_head import LinearHead
+from services.tuner.ramp_learner import LearnerConfig, RampLearner, soft_temperature
+from services.tuner.refit import RefitConfig
+from services.tuner.service import head_version, window_of
+
+K, C = 12, 6
+
+
+def _setup(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    old = rng.normal(0, 2.0, (K, C))
+    new = old + rng.normal(0, 2.0, (K, C))
+    head = LinearHead((2 * old).astype(np.float32), (-(old ** 2).sum(1)).astype(np.float32))
+    return rng, new, head
+
+
+def _batch(rng, means, n):
+    y = rng.integers(0, K, n)
+    return (means[y] + rng.normal(0, 0.5, (n, C))).astype(np.float32), y
+
+
+def test_a_round_is_due_every_so_many_samples_and_deploys_a_better_head():
+    rng, new, head = _setup()
+    learner = RampLearner({3: head}, LearnerConfig(RefitConfig(min_samples=64), every=100))
+    dues = []
+    for _ in range(10):
+        x, y = _batch(rng, new, 30)
+        dues.append(learner.feed({3: x}, y))
+    assert dues == [False, False, False, True, False, False, True, False, False, True]
+    candidate, verdict, trained, judged = learner.propose(3)
+    assert verdict is not None and verdict.accept and candidate is not None
+    assert trained + judged == len(learner.buffers[3]) and judged == round(0.25 * trained / 0.75)
+    assert learner.adopt(3, candidate) == 1 and learner.heads[3] is candidate
+    assert learner.adopt(3, head, version=7) == 7
+
+
+def test_a_small_buffer_gives_no_verdict_and_unknown_ramps_are_ignored():
+    rng, new, head = _setup()
+    learner = RampLearner({0: head}, LearnerConfig(every=1))
+    x, y = _batch(rng, new, 10)
+    assert learner.feed({0: x, 5: x}, y)
+    assert learner.propose(0) == (None, None, 0, 0)
+    with pytest.raises(ValueError):
+        learner.feed({0: x[:, :3]}, y)
+
+
+def test_soft_targets_when_logits_come_else_top1():
+    rng, new, head = _setup()
+    learner = RampLearner({0: head}, LearnerConfig(soft_temperature=0.5), classes=K)
+    x, y = _batch(rng, new, 8)
+    logits = rng.normal(0, 1, (8, K)).astype(np.float32)
+    learner.feed({0: x}, y, logits)
+    _, held = learner.buffers[0].arrays()
+    assert held.shape == (8, K) and np.allclose(held.sum(1), 1)
+    assert np.array_equal(held.argmax(1), logits.argmax(1))
+    assert not learner.feed({0: x}, y)  # soft buffers and no logits: nothing added
+    assert len(learner.buffers[0]) == 8
+    hard = RampLearner({0: head}, LearnerConfig(soft_temperature=0.5), classes=0)
+    hard.feed({0: x}, y, logits)
+    assert np.array_equal(hard.buffers[0].arrays()[1], logits.argmax(1))
+
+
+def test_evidence_scores_every_ramp_with_its_current_head():
+    rng, new, head = _setup()
+    learner = RampLearner({0: head, 1: head}, LearnerConfig(evidence=20))
+    assert learner.evidence("max_softmax") is None
+    x, y = _batch(rng, new, 50)
+    learner.feed({0: x, 1: x}, y)
+    ev = learner.evidence("max_softmax")
+    assert ev.ramp_ids == (0, 1) and ev.n_samples == 20
+    assert np.array_equal(ev.final, y[-20:])
+    assert np.array_equal(ev.pred[0], head.logits(x[-20:]).argmax(1))
+
+
+def test_soft_temperature_comes_from_the_recipe():
+    assert soft_temperature("zoo|targets=softmax@0.5|n=4000") == 0.5
+    assert soft_temperature("zoo|targets=top1") is None
+    assert soft_temperature("") is None
+
+
+def test_head_versions_from_file_names():
+    assert head_version("ramp_3.v12.0123456789ab.onnx") == 12
+    assert head_version("ramp_3.onnx") == 0
+
+
+def test_feedback_scored_by_an_older_head_is_left_out():
+    n = 4
+    t = SampleTelemetry(
+        model="m", worker="w", batch_id="b", batch_ids=["b"], batch_sizes=[n], config_version=5,
+        mode="latency", score="max_softmax", thresholds={}, active=[0, 1],
+        ids=[str(i) for i in range(n)], ramp_ids=[1, 0],
+        ramp_pred=np.array([[1] * n, [0] * n], np.int32),
+        ramp_score=np.full((2, n), 0.1, np.float32), exit_at=np.full(n, -1, np.int32),
+        final_pred=np.zeros(n, np.int32), final_score=np.zeros(n, np.float32), batch_size=n,
+        stage_ms=[[1.0]], t=0.0)
+    assert window_of(t).ramp_ids == (0, 1)
+    w = window_of(t, {1: 6})  # ramp 1's new head came with config 6: these rows are stale
+    assert w.ramp_ids == (0,) and np.array_equal(w.pred[0], np.zeros(n))
+    assert window_of(t, {1: 5}).ramp_ids == (0, 1)

@@ -35,7 +35,14 @@ from typing import Any
 
 import numpy as np
 
-from services.bench.live_metrics import aggregate, live_series, median_of, policy_docs
+from services.bench.live_metrics import (
+    ADAPTIVE,
+    REFIT,
+    aggregate,
+    live_series,
+    median_of,
+    policy_docs,
+)
 from services.bench.plot import ROLL, draw
 from services.bench.report import machine
 from services.common import config as config_mod
@@ -99,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    return 0 if all(doc[k]["errors"] == 0 for k in ("vanilla", "static", "offramp")) else 1
+    return 0 if all(doc[k]["errors"] == 0 for k in ("vanilla", "static", *ADAPTIVE)) else 1
 
 
 def _bad_args(args: argparse.Namespace) -> str | None:
@@ -127,7 +134,7 @@ def _record_stream(cfg: config_mod.Config, args: argparse.Namespace, say
     say(f"recording the stream's trace in process ({n} samples, every ramp active) ...")
     trace = record_trace(cfg.models_dir / args.model, iter(blocks), arrivals=arrival_s,
                          total=n, meta={**about, "seed": args.seed, "arrivals": spec},
-                         progress=say)
+                         progress=say, features=True)
     inputs = [{k: v[i] for k, v in b.items()}
               for b in blocks for i in range(len(next(iter(b.values()))))]
     return manifest, inputs, trace, arrival_s, spec
@@ -136,7 +143,7 @@ def _record_stream(cfg: config_mod.Config, args: argparse.Namespace, say
 def _plot(outcomes: dict[str, list], deployed: dict[str, Any], trace,
           args: argparse.Namespace) -> Path:
     """The last run's latency, thresholds and active ramps over the stream."""
-    roll, th, active = live_series(outcomes, deployed["configs"], trace.n_sites,
+    roll, th, active = live_series(outcomes, deployed[REFIT]["configs"], trace.n_sites,
                                    trace.n_samples, ROLL)
     title = "live" if args.repeat == 1 else f"live, the last of {args.repeat} runs"
     return draw(roll, th, active, Path(args.plot), title)
@@ -152,7 +159,7 @@ def _replay(trace, arrival_s: np.ndarray, args: argparse.Namespace, backlog: int
                              ("slack_windows", args.slack_windows)) if v is not None}
     return run_replay(trace, arrival_s, constraint=args.constraint, budget=args.budget,
                       grid_rounds=args.grid_rounds, controller=ctl,
-                      policies=("static", "offramp"),
+                      policies=("static", "offramp", REFIT),
                       feedback_backlog=backlog, climb=best_climb())
 
 
@@ -169,18 +176,37 @@ def _live_runs(cfg, sup, url: str, model: str, manifest, inputs: list, arrival_s
                     f"bench apparate --live: static, every ramp at {static_t:.4g} "
                     "(tuned once on the first 10 % of the stream)")
     out["static"] = run("static")
+    deployed = {}
+    for name in ADAPTIVE:
+        out[name], deployed[name] = _adaptive(cfg, sup, url, manifest, inputs, arrival_s,
+                                              name, say)
+    return out, deployed
+
+
+def _adaptive(cfg, sup, url: str, manifest, inputs: list, arrival_s: np.ndarray, name: str,
+              say) -> tuple[list, dict[str, Any]]:
+    """One run of the tuner's loop (``offramp+refit``: refitting ramp heads too) and what it
+    deployed: configs, and the head versions refits stored."""
+    model = manifest.name
     with Store(cfg.database_url) as store:
         before = store.latest_exit_config(model)
-    _, out["offramp"], active = adaptive_run(cfg, sup, url, manifest, inputs, arrival_s, "bench")
+        heads_before = {(h["ramp"], h["version"]) for h in store.ramp_heads(model)}
+    _, outcomes, active = adaptive_run(cfg, sup, url, manifest, inputs, arrival_s, "bench",
+                                       refit=name == REFIT, label=name)
     with Store(cfg.database_url) as store:
-        row = store.exit_configs(model, before.version if before else 0)
-    say(f"offramp: initial deployment {active or 'none'}; {len(row)} configs")
-    return out, {"initial_active": active,
-                 "active_by_version": {r.version: list(r.active) for r in row},
-                 "configs": [{"version": r.version, "active": list(r.active),
-                              "thresholds": {str(k): v for k, v in r.thresholds.items()
-                                             if k in r.active},
-                              "reason": r.reason} for r in row]}
+        rows = store.exit_configs(model, before.version if before else 0)
+        refits = [{"ramp": h["ramp"], "version": h["version"], "trained_on": h["trained_on"],
+                   "serving_agreement": h["serving_agreement"], "agreement": h["agreement"]}
+                  for h in store.ramp_heads(model) if (h["ramp"], h["version"]) not in heads_before]
+    say(f"{name}: initial deployment {active or 'none'}; {len(rows)} configs, "
+        f"{len(refits)} refitted heads deployed")
+    return outcomes, {"initial_active": active, "refits": refits,
+                      "active_by_version": {r.version: list(r.active) for r in rows},
+                      "configs": [{"version": r.version, "active": list(r.active),
+                                   "thresholds": {str(k): v for k, v in r.thresholds.items()
+                                                  if k in r.active},
+                                   "heads": {str(k): v for k, v in r.heads.items()},
+                                   "reason": r.reason} for r in rows]}
 
 
 def report(runs: list[dict[str, dict[str, Any]]], trace, replay: dict,
@@ -200,9 +226,11 @@ def report(runs: list[dict[str, dict[str, Any]]], trace, replay: dict,
         doc["runs"] = runs
     off = replay["offramp"]
     wall = off.extra["wall_ms"]
+    refit_ms = replay[REFIT].extra.get("refit_ms", []) if REFIT in replay else []
     doc.update({
         "tuning_ms_p50": percentile(wall["tune"], 50), "adjust_ms_p50": percentile(wall["adjust"], 50),
         "climb": climb_engine(),
+        "refit_ms_p50": percentile(refit_ms, 50), "refit_ms_max": max(refit_ms, default=None),
         "grid_gap": off.extra.get("grid", {}).get("grid_gap"),
         "timing_passes": off.extra.get("timing_passes", 1),
         "tuning_source": "replay of the same stream through the same controller code "
@@ -229,22 +257,22 @@ def _change(xs: list) -> str:
 
 def _latency_rows(doc: dict[str, Any]) -> list[str]:
     """End-to-end latency per policy, then the router's serving latency of the same requests."""
-    lines = [(f"  {'policy':<9} {'p25 ms':>8} {'p50 ms':>8} {'p95 ms':>8} {'p50 vs van':>10} "
+    lines = [(f"  {'policy':<13} {'p25 ms':>8} {'p50 ms':>8} {'p95 ms':>8} {'p50 vs van':>10} "
               f"{'p95 vs van':>10} {'agreement':>9} {'worst 16':>9} {'exits':>7}")]
-    for name in ("vanilla", "static", "offramp", "oracle"):
+    for name in ("vanilla", "static", *ADAPTIVE, "oracle"):
         r = doc[name]
-        lines.append(f"  {name:<9} {_ms(r['p25_ms']):>8} {_ms(r['p50_ms']):>8} "
+        lines.append(f"  {name:<13} {_ms(r['p25_ms']):>8} {_ms(r['p50_ms']):>8} "
                      f"{_ms(r['p95_ms']):>8} {_change(r['p50_change_by_run']):>10} "
                      f"{_change(r['p95_change_by_run']):>10} {_pct(r['agreement']):>9} "
                      f"{_pct(r.get('worst_window_agreement')):>9} {_pct(r.get('exit_rate')):>7}")
     lines.append("  serving latency (the router's record of each request: from receiving it "
                  "to learning its answer, queueing included; the client's two hops excluded)")
-    lines.append(f"  {'policy':<9} {'p25 ms':>8} {'p50 ms':>8} {'p95 ms':>8} {'p50 vs van':>10} "
+    lines.append(f"  {'policy':<13} {'p25 ms':>8} {'p50 ms':>8} {'p95 ms':>8} {'p50 vs van':>10} "
                  f"{'p95 vs van':>10} {'known':>9}")
-    for name in ("vanilla", "static", "offramp", "oracle"):
+    for name in ("vanilla", "static", *ADAPTIVE, "oracle"):
         r = doc[name]
         known = r.get("serving_known")
-        lines.append(f"  {name:<9} {_ms(r.get('serving_p25_ms')):>8} "
+        lines.append(f"  {name:<13} {_ms(r.get('serving_p25_ms')):>8} "
                      f"{_ms(r.get('serving_p50_ms')):>8} {_ms(r.get('serving_p95_ms')):>8} "
                      f"{_change(r.get('serving_p50_change_by_run', [])):>10} "
                      f"{_change(r.get('serving_p95_change_by_run', [])):>10} "
@@ -256,23 +284,33 @@ def _offramp_rows(doc: dict[str, Any]) -> list[str]:
     """Run-by-run changes, what the loop deployed, where its answers came from, its timings."""
     lines = []
     if doc["repeats"] > 1:
-        for name in ("static", "offramp", "oracle"):
+        for name in ("static", *ADAPTIVE, "oracle"):
             per = ", ".join(f"{100 * a:+.1f}/{100 * b:+.1f}%" for a, b in zip(
                 doc[name]["p50_change_by_run"], doc[name]["p95_change_by_run"], strict=True)
                 if a is not None and b is not None)
             lines.append(f"  {name} p50/p95 vs vanilla, run by run: {per}")
-    runs = doc.get("runs") or [{"offramp": doc["offramp"]}]
-    o = runs[-1]["offramp"]
-    lines.append(f"  static: every ramp at threshold {doc['static']['threshold']:.4g}; offramp: "
-                 f"initial ramps {o['initial_active'] or 'none'}, configs per run "
-                 f"{[r['offramp']['configs'] for r in runs]}, active ramps over time (last run) "
-                 f"{o['active_ramps_over_time']}")
-    if o.get("by_exit"):
-        lines.append("  offramp answers by where they came from (last run; n, p50 / p75 ms end to "
-                     "end, served): " + "; ".join(
-                         f"{'ramp ' + k if k != 'final' else k} {g['n']}, {_ms(g['p50_ms'])} / "
-                         f"{_ms(g['p75_ms'])}, {_ms(g['serving_p50_ms'])} / "
-                         f"{_ms(g['serving_p75_ms'])}" for k, g in o["by_exit"].items()))
+    runs = doc.get("runs") or [{name: doc[name] for name in ADAPTIVE}]
+    lines.append(f"  static: every ramp at threshold {doc['static']['threshold']:.4g}")
+    for name in ADAPTIVE:
+        o = runs[-1][name]
+        lines.append(f"  {name}: initial ramps {o['initial_active'] or 'none'}, configs per run "
+                     f"{[r[name]['configs'] for r in runs]}, active ramps over time (last run) "
+                     f"{o['active_ramps_over_time']}")
+        if o.get("by_exit"):
+            lines.append(f"  {name} answers by where they came from (last run; n, p50 / p75 ms "
+                         "end to end, served): " + "; ".join(
+                             f"{'ramp ' + k if k != 'final' else k} {g['n']}, "
+                             f"{_ms(g['p50_ms'])} / {_ms(g['p75_ms'])}, "
+                             f"{_ms(g['serving_p50_ms'])} / {_ms(g['serving_p75_ms'])}"
+                             for k, g in o["by_exit"].items()))
+    fits = runs[-1][REFIT].get("refits", [])
+    lines.append(f"  {REFIT}: refitted heads deployed per run "
+                 f"{[len(r[REFIT].get('refits', [])) for r in runs]}; last run (ramp vN: "
+                 "agreement serving -> new on held-back samples) " + (", ".join(
+                     f"{f['ramp']} v{f['version']}: {f['serving_agreement']:.3f} -> "
+                     f"{f['agreement']:.3f}" for f in fits) or "none")
+                 + f"; refit p50 {_ms(doc.get('refit_ms_p50'))} ms, max "
+                 f"{_ms(doc.get('refit_ms_max'))} ms per ramp (replay of the same stream)")
     lines.append(f"  oracle: {doc['oracle']['source']}")
     lines.append(f"  tuning p50 {_ms(doc['tuning_ms_p50'])} ms, ramp adjustment p50 "
                  f"{_ms(doc['adjust_ms_p50'])} ms ({doc.get('climb', 'python')} climb), grid gap "

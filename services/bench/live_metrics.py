@@ -108,7 +108,9 @@ def active_over_time(outcomes: Sequence[Outcome], active_by_version: dict[int, l
     return out
 
 
-POLICIES = ("vanilla", "static", "offramp", "oracle")
+REFIT = "offramp+refit"
+ADAPTIVE = ("offramp", REFIT)  # the tuner's runs, without and with online ramp refits
+POLICIES = ("vanilla", "static", "offramp", REFIT, "oracle")
 SUMMED = ("p25_ms", "p50_ms", "p95_ms", "mean_ms", "serving_p25_ms", "serving_p50_ms",
           "serving_p95_ms", "agreement", "worst_window_agreement",
           "exit_rate")  # what the median over repeats covers
@@ -118,15 +120,16 @@ def policy_docs(outcomes: dict[str, list], deployed: dict[str, Any], trace,
                 static_t: float) -> dict[str, dict[str, Any]]:
     """One run's ``vanilla``, ``static``, ``offramp`` and ``oracle`` summaries."""
     ref = labels_by_index(outcomes["vanilla"], trace.n_samples)
-    doc = {name: run_summary(outcomes[name], ref) for name in ("vanilla", "static", "offramp")}
+    doc = {name: run_summary(outcomes[name], ref) for name in ("vanilla", "static", *ADAPTIVE)}
     doc["static"]["threshold"] = static_t
     doc["vanilla"]["agreement_with_in_process_model"] = float(
         np.mean(ref[ref >= 0] == trace.final_pred[ref >= 0])) if (ref >= 0).any() else None
-    doc["offramp"].update(
-        initial_active=deployed["initial_active"], configs=len(deployed["configs"]),
-        active_ramps_over_time=active_over_time(outcomes["offramp"],
-                                                deployed["active_by_version"]),
-        timeline=deployed["configs"])
+    for name in ADAPTIVE:
+        dep = deployed[name]
+        doc[name].update(
+            initial_active=dep["initial_active"], configs=len(dep["configs"]),
+            active_ramps_over_time=active_over_time(outcomes[name], dep["active_by_version"]),
+            timeline=dep["configs"], refits=dep.get("refits", []))
     lat = oracle_latency(outcomes["vanilla"], trace.ramp_pred, trace.final_pred, trace.prefix_ms)
     right = trace.ramp_pred == trace.final_pred
     serving = oracle_latency(outcomes["vanilla"], trace.ramp_pred, trace.final_pred,
@@ -154,7 +157,7 @@ def aggregate(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         agg = dict(first) if len(runs) == 1 else {
             k: v for k, v in first.items() if k not in SUMMED and k not in
             ("requests", "ok", "errors", "compared", "config_versions", "timeline",
-             "active_ramps_over_time", "configs", "by_exit")}  # per run: see ``runs``
+             "active_ramps_over_time", "configs", "by_exit", "refits")}  # per run: see ``runs``
         if len(runs) > 1:
             for k in SUMMED:
                 if k in first:
@@ -189,7 +192,7 @@ def live_series(outcomes: dict[str, Sequence[Outcome]], configs: list[dict[str, 
     by_version = {int(c["version"]): c for c in configs}
     th = np.full((n_sites, n), np.nan)
     active = np.zeros(n)
-    for o in outcomes.get("offramp", []):
+    for o in outcomes.get(REFIT, outcomes.get("offramp", [])):
         c = by_version.get(o.config_version)
         if not o.ok or c is None or not 0 <= o.index < n:
             continue

@@ -17,8 +17,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     prep.add_argument("model", help="zoo name, or a path: model.onnx, a TorchScript / pickled "
                       "torch module file, or a Hugging Face model folder")
     prep.add_argument("--data", help="bootstrap inputs: .npz with one array per input name "
-                      "(first axis = samples), or .npy for a single input")
-    prep.add_argument("--name", help="name to serve a user's model under (default: file stem)")
+                      "(first axis = samples), or .npy for a single input (with "
+                      "--no-bootstrap: a few inputs for shapes and timing)")
+    prep.add_argument("--name", help="name to serve the model under (default: the zoo name or "
+                      "the file stem); e.g. to keep an untrained copy beside a zoo model")
     prep.add_argument("--json", help="write the sites found and the trained ramps to this file")
     prep.add_argument("--sites", help="restrict ramps to these feasible sites: comma list of "
                       "tensor names or site ordinals")
@@ -32,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="what ramps learn of the final model: top1, or softmax "
                       "(distillation, sharpened at temperature 0.5); default per model "
                       "(minilm-topics: softmax, others: top1)")
+    prep.add_argument("--no-bootstrap", dest="bootstrap", action="store_false",
+                      help="no bootstrap data: ramps are built and costed but untrained (zero "
+                      "heads) and inactive until the live refit trains them")
     prep.add_argument("--force", action="store_true", help="rebuild even if an intact copy exists")
     prep.add_argument("--models-dir")
     prep.add_argument("--no-store", action="store_true", help="do not record it in the store")
@@ -56,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                        data=Path(args.data) if args.data else None, name=args.name,
                        bootstrap_n=args.bootstrap_n, device=cfg.device, threads=cfg.ort_threads,
                        choice=choice, mask_input=args.mask_input,
-                       ramp_targets=args.ramp_targets)
+                       ramp_targets=args.ramp_targets, bootstrap=args.bootstrap)
     except ValueError as exc:  # SourceError and unknown zoo names
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -79,15 +84,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def ramp_table(manifest, report: dict) -> str:
+    untrained = "" if manifest.bootstrap else " (untrained: no bootstrap data)"
     lines = [(f"{manifest.name}: {len(report['sites'])} feasible ramp sites, "
-              f"{len(manifest.ramps)} ramps; full model {manifest.full_ms:.3f} ms at batch 1, "
-              f"{manifest.base_params:,} params"),
+              f"{len(manifest.ramps)} ramps{untrained}; full model {manifest.full_ms:.3f} ms at "
+              f"batch 1, {manifest.base_params:,} params"),
              (f"  {'ramp':>4} {'site':>4}  {'tensor':<44} {'agreement':>9} {'cost ms':>8} "
               f"{'% blocks':>8} {'% unsplit':>9} {'% @b16':>7} {'params %':>8} {'serve ms':>8} "
               f"{'% unspl':>7}")]
     for r in report["ramps"]:
         lines.append(f"  {r['ramp']:>4} {r['site']:>4}  {r['tensor'][-44:]:<44} "
-                     f"{r['agreement']:>9.3f} {r['cost_ms']:>8.4f} "
+                     f"{_agreement(r):>9} {r['cost_ms']:>8.4f} "
                      f"{100 * (r['cost_share'] or 0):>7.2f}% "
                      f"{100 * (r['cost_share_unsplit'] or 0):>8.2f}% "
                      f"{100 * (r['cost_share_unsplit_b16'] or 0):>6.2f}% "
@@ -101,3 +107,9 @@ def ramp_table(manifest, report: dict) -> str:
                  "to its cost, or the split there plus the head where taps are unavailable - "
                  "and its share of the unsplit model)")
     return "\n".join(lines)
+
+
+def _agreement(ramp: dict) -> str:
+    if not ramp.get("trained", True) or ramp["agreement"] is None:
+        return "untrained"
+    return f"{ramp['agreement']:.3f}"

@@ -1,6 +1,6 @@
 """The initial deployment of a freshly prepared model (Apparate §3.1): as many ramps as
 the ramp budget allows, evenly spaced over the candidate sites, every threshold 0 so
-nothing exits until the tuner has feedback."""
+nothing exits until the tuner has feedback. Only trained ramps are candidates."""
 
 from __future__ import annotations
 
@@ -63,8 +63,11 @@ def initial_config(model: str, ramp_ids: list[int]) -> ExitConfig:
 
 def initial_ramps(manifest, budget: float = DEFAULT_BUDGET) -> list[int]:
     """The initial deployment's active ramps: evenly spaced within the ramp budget, costed
-    as a worker pays them (``LatencyProfile.from_manifest``)."""
+    as a worker pays them (``LatencyProfile.from_manifest``). Untrained ramps (``offramp
+    prepare --no-bootstrap``) are never among them: their placeholder heads only say
+    something once a live refit has trained them."""
     prof = LatencyProfile.from_manifest(manifest)
     ids = sorted(r.index for r in manifest.ramps)
-    return initial_active({r: float(prof.ramp_cost_ms[k]) for k, r in enumerate(ids)},
-                          prof.full_ms, budget)
+    trained = {r.index for r in manifest.ramps if getattr(r, "trained", True)}
+    return initial_active({r: float(prof.ramp_cost_ms[k]) for k, r in enumerate(ids)
+                           if r in trained}, prof.full_ms, budget)

@@ -88,11 +88,13 @@ def register_prepared(store, model_dir: Path, budget: float) -> None:
     manifest = Manifest.load(model_dir)
     store.register_model(manifest.to_dict(), str(model_dir))
     if store.latest_exit_config(manifest.name) is None:
-        active = initial_ramps(manifest, budget)
+        active = initial_ramps(manifest, budget)  # never an untrained ramp
+        untrained = sum(not r.trained for r in manifest.ramps)
+        note = f"; {untrained} untrained, inactive until refitted" if untrained else ""
         store.save_exit_config(manifest.name, {r.index: 0.0 for r in manifest.ramps}, active,
                                "latency", f"initial deployment: {len(active)} of "
                                f"{len(manifest.ramps)} ramps active (evenly spaced within the "
-                               "ramp budget), thresholds 0")
+                               f"ramp budget), thresholds 0{note}")
 
 
 class Supervisor:

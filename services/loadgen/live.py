@@ -21,22 +21,25 @@ from services.store.repository import Store
 
 
 def adaptive_run(cfg, sup: Supervisor, url: str, manifest, inputs: list,
-                 arrival_s: np.ndarray | None, who: str, concurrency: int = 1
-                 ) -> tuple[dict, list, list[int]]:
+                 arrival_s: np.ndarray | None, who: str, concurrency: int = 1,
+                 refit: bool = True, label: str = "offramp") -> tuple[dict, list, list[int]]:
     """offramp's run: the initial deployment (evenly spaced ramps within the budget,
-    thresholds 0) with the tuner service adapting it live beside the running stack. Returns
-    the run's summary and outcomes (``stream_live``) and the initial active ramps."""
+    thresholds 0, every ramp on its prepared head) with the tuner service adapting it live
+    beside the running stack, refitting ramp heads when ``refit``. Returns the run's summary
+    and outcomes (``stream_live``) and the initial active ramps."""
     model = manifest.name
     active = initial_ramps(manifest, cfg.ramp_budget)
     set_exit_config(cfg, url, model, 0.0, [], ",".join(map(str, active)) or "none",
-                    f"{who}: offramp's initial deployment")
+                    f"{who}: {label}'s initial deployment",
+                    [f"{r.index}=0" for r in manifest.ramps])
     tuner = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "tuner"],
-                             env={**sup.env}, stdout=subprocess.DEVNULL,
+                             env={**sup.env, "OFFRAMP_REFIT": "1" if refit else "0"},
+                             stdout=subprocess.DEVNULL,
                              stderr=open(cfg.home / "logs" / f"{who}-tuner.log", "ab"))  # noqa: SIM115
     try:
         time.sleep(2.0)  # connected and subscribed before the first request
         summary, outcomes = asyncio.run(stream_live(cfg, url, model, inputs, arrival_s,
-                                                    "offramp", concurrency))
+                                                    label, concurrency))
     finally:
         tuner.terminate()
         tuner.wait(timeout=15)

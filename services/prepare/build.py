@@ -1,5 +1,6 @@
 """The steps of preparing one model, in order: choose ramp sites, split the graph into
-blocks, check the split, train the ramps on bootstrap data, export them, measure what every
+blocks, check the split, train the ramps on bootstrap data (or, without bootstrap data,
+shape untrained zero heads from a few sample inputs), export them, measure what every
 block and ramp costs through the runtime workers use, and write the manifest.
 
 Imports torch and ONNX Runtime: ``services.prepare.pipeline`` loads this module only when
@@ -21,7 +22,7 @@ from services.prepare import ramps as rp
 from services.prepare import sites
 from services.prepare.export import to_onnx
 from services.prepare.site_choice import SiteChoice
-from services.prepare.source import ModelSource, SourceError
+from services.prepare.source import Batches, ModelSource, SourceError
 from services.runtime import onnx_blocks
 from services.runtime.devices import device_class, pick_providers
 from services.runtime.manifest import BlockSpec, Manifest, RampSpec, sha256_bytes
@@ -34,6 +35,7 @@ Log = Callable[[str], None]
 BATCH_SIZES = (1, 4, 16)  # batch sizes whose block and ramp costs are measured
 SERVE_MEASURE_S = 5.0  # paired timing of the tapped stage with every ramp against none
 SITES_FILE = "sites.txt"  # the site analysis, human readable, next to the manifest
+SHAPE_SAMPLES = 3  # sample inputs that shape untrained heads (those the split check runs)
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Build:
     full: ort.InferenceSession | None = None
     split_diff: float = 0.0
     seconds: dict[str, float] = field(default_factory=dict)
+    bootstrap: bool = True  # False: untrained heads, no bootstrap data read
 
     @property
     def blocks(self) -> list[BlockSpec]:
@@ -59,22 +62,29 @@ class Build:
 
 
 def build(src: ModelSource, folder: Path, log: Log, progress: Log, n: int, device: str,
-          threads: int, choice: SiteChoice, recipe: str, bootstrap_seed: int) -> Manifest:
-    """Prepare ``src`` into ``folder``: every step below, then the manifest."""
-    b = Build(src, folder, device, threads)
+          threads: int, choice: SiteChoice, recipe: str, bootstrap_seed: int,
+          bootstrap: bool = True) -> Manifest:
+    """Prepare ``src`` into ``folder``: every step below, then the manifest. Without
+    ``bootstrap`` the ramps are untrained zero heads and no bootstrap data is read."""
+    b = Build(src, folder, device, threads, bootstrap=bootstrap)
     t0 = time.perf_counter()
     choose_sites(b, choice, log)
     split_model(b)
     log(f"split into {len(b.blocks)} blocks in {time.perf_counter() - t0:.1f} s")
     check_split(b)
     t1 = time.perf_counter()
-    feats = collect_features(b, n, bootstrap_seed, progress)
-    t2 = time.perf_counter()
-    fits = rp.train_ramps(feats, src.classes, src.pool, steps=src.ramp_steps, log=log,
-                          targets=src.ramp_targets)
-    t3 = time.perf_counter()
-    b.seconds = {"split": round(t1 - t0, 2), "features": round(t2 - t1, 2),
-                 "train": round(t3 - t2, 2)}
+    if bootstrap:
+        feats = collect_features(b, n, bootstrap_seed, progress)
+        t2 = time.perf_counter()
+        fits = rp.train_ramps(feats, src.classes, src.pool, steps=src.ramp_steps, log=log,
+                              targets=src.ramp_targets)
+        b.seconds = {"features": round(t2 - t1, 2), "train": round(time.perf_counter() - t2, 2)}
+    else:
+        feats = site_shapes(b)
+        fits = rp.untrained_ramps(feats, src.classes, src.pool)
+        log(f"{len(fits)} untrained ramps (zero heads: the live refit trains them)")
+        b.seconds = {"shapes": round(time.perf_counter() - t1, 2)}
+    b.seconds = {"split": round(t1 - t0, 2), **b.seconds}
     export_ramps(b, feats, fits)
     rt, one = measure_costs(b)
     write_manifest(b, rt, one, feats, fits, recipe, bootstrap_seed, t0)
@@ -123,7 +133,7 @@ def split_model(b: Build) -> None:
     b.manifest = Manifest(
         name=src.name, version="", kind=src.kind, inputs=list(src.inputs),
         outputs=list(src.outputs), classes=src.classes, blocks=blocks, ramps=[],
-        base_params=src.base_params, full_ms=0.0)
+        base_params=src.base_params, full_ms=0.0, bootstrap=b.bootstrap)
 
 
 def check_split(b: Build) -> None:
@@ -142,6 +152,22 @@ def check_split(b: Build) -> None:
 def collect_features(b: Build, n: int, bootstrap_seed: int, progress: Log) -> rp.Features:
     """Pooled activations at every chosen site over ``n`` bootstrap samples, with the final
     model's answers: what the ramp heads are fitted on."""
+    return probe_sites(b, b.src.bootstrap(n, bootstrap_seed), n, progress,
+                       keep_logits=b.src.ramp_targets == "softmax")
+
+
+def site_shapes(b: Build) -> rp.Features:
+    """What untrained heads are shaped by (each site's raw shape, rank and pooled width),
+    from the few sample inputs the split check runs: no bootstrap data."""
+    few = b.src.sample(SHAPE_SAMPLES, 1)
+    k = len(next(iter(few.values())))
+    return probe_sites(b, iter([(few, np.zeros(k, np.int64))]), k, lambda _msg: None)
+
+
+def probe_sites(b: Build, batches: Batches, total: int, progress: Log,
+                keep_logits: bool = False) -> rp.Features:
+    """One pass of the whole model over ``batches`` with every chosen site as an extra
+    output, pooled as the ramps pool (``ramps.collect_features``)."""
     src = b.src
     masked = src.pool == "masked_mean"
     if masked and src.mask_input not in {t.name for t in src.inputs}:
@@ -150,10 +176,9 @@ def collect_features(b: Build, n: int, bootstrap_seed: int, progress: Log) -> rp
     so, providers = session_options(b.threads), pick_providers(b.device)
     probe = onnx_blocks.add_outputs(src.model, [s.tensor for s in b.chosen])
     probe_sess = ort.InferenceSession(probe.SerializeToString(), so, providers=providers)
-    return rp.collect_features(probe_sess, [s.tensor for s in b.chosen],
-                               src.bootstrap(n, bootstrap_seed), n, src.pool, progress,
-                               mask_input=src.mask_input if masked else "",
-                               keep_logits=src.ramp_targets == "softmax")
+    return rp.collect_features(probe_sess, [s.tensor for s in b.chosen], batches, total,
+                               src.pool, progress, mask_input=src.mask_input if masked else "",
+                               keep_logits=keep_logits)
 
 
 def export_ramps(b: Build, feats: rp.Features, fits: list[rp.RampFit]) -> None:
@@ -177,8 +202,9 @@ def export_ramps(b: Build, feats: rp.Features, fits: list[rp.RampFit]) -> None:
         data = to_onnx(rp.head_module(fit), example, names, ["logits"], dynamic=spatial)
         file, digest = write_file(b.folder, f"ramp_{k}", data)
         ramps.append(RampSpec(k, fit.after_block, file, digest, fit.arch, fit.params,
-                              round(fit.agreement, 4), 0.0, b.chosen[fit.after_block].tensor,
-                              inputs=reads))
+                              round(fit.agreement, 4) if fit.trained else None, 0.0,
+                              b.chosen[fit.after_block].tensor, inputs=reads,
+                              trained=fit.trained))
     b.manifest.ramps = ramps
 
 
@@ -285,12 +311,7 @@ def write_manifest(b: Build, rt: StageRuntime, one: dict[str, np.ndarray], feats
         "range_ms": range_ms,
         "ramp_serving": "split where noted" if rt.tap_notes else "tapped",
         "ramp_serving_notes": list(rt.tap_notes),
-        "bootstrap_samples": len(feats.labels),
-        "bootstrap_seed": bootstrap_seed,
-        "agreement_estimate": "5-fold cross-validation by scene/group",
-        "distinct_labels": len(np.unique(feats.labels)),
-        "fold_agreement": [f.fold_agreement for f in fits],
-        "train_agreement": [round(f.train_agreement, 4) for f in fits],
+        **training_meta(b, feats, fits, bootstrap_seed),
         "split_max_abs_diff": b.split_diff,
         "sites": [{"tensor": s.tensor, "index": s.index, "layout": s.layout,
                    "shape": list(s.shape), "op": s.op} for s in report.sites],
@@ -303,3 +324,19 @@ def write_manifest(b: Build, rt: StageRuntime, one: dict[str, np.ndarray], feats
     }
     (b.folder / SITES_FILE).write_text(report.summary() + "\n", encoding="utf-8")
     manifest.save(b.folder)
+
+
+def training_meta(b: Build, feats: rp.Features, fits: list[rp.RampFit], bootstrap_seed: int
+                  ) -> dict[str, object]:
+    """How the ramps were trained, for the manifest's meta (untrained: on nothing)."""
+    if not b.bootstrap:
+        return {"bootstrap_samples": 0, "shape_samples": len(feats.labels),
+                "agreement_estimate": "none: ramps untrained (prepared without bootstrap data)"}
+    return {
+        "bootstrap_samples": len(feats.labels),
+        "bootstrap_seed": bootstrap_seed,
+        "agreement_estimate": "5-fold cross-validation by scene/group",
+        "distinct_labels": len(np.unique(feats.labels)),
+        "fold_agreement": [f.fold_agreement for f in fits],
+        "train_agreement": [round(f.train_agreement, 4) for f in fits],
+    }

@@ -4,6 +4,10 @@ Idempotent and interruption-safe: everything is built in a temp folder next to t
 target, files are named after their content hash, and the result is put in place by
 atomic renames. An intact prepared model (manifest + files with matching hashes) is
 reused unless ``force``. A per-model lock file stops two processes doing the work twice.
+
+Without bootstrap (``bootstrap=False``, ``offramp prepare --no-bootstrap``) the ramps are
+built, exported and costed as usual but left untrained (zero heads, marked so in the
+manifest) for a live refit to train; no bootstrap data is read.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from services.prepare.site_choice import SiteChoice
-from services.prepare.source import ModelSource, resolve, with_mask_input
+from services.prepare.source import ModelSource, SourceError, resolve, with_mask_input
 from services.runtime.manifest import (
     MANIFEST_FILE,
     Manifest,
@@ -62,12 +66,16 @@ def load_if_intact(model_dir: Path, name: str | None = None) -> Manifest | None:
     return None if m.verify(model_dir) else m
 
 
-def recipe_fingerprint(src: ModelSource, n: int) -> str:
+def recipe_fingerprint(src: ModelSource, n: int, bootstrap: bool = True) -> str:
+    """What an intact copy must have been built by to be reused. Untrained ramps keep the
+    targets (what a refit of them learns) but no bootstrap size or training steps."""
     targets = ""
     if src.ramp_targets != "top1":
         from services.prepare.ramps import SOFT_TEMPERATURE  # torch: only such models pay
 
         targets = f"|targets={src.ramp_targets}@{SOFT_TEMPERATURE:g}"
+    if not bootstrap:
+        return f"{RECIPE_VERSION}|{src.recipe}|max={src.max_ramps}{targets}|bootstrap=0"
     return (f"{RECIPE_VERSION}|{src.recipe}|n={n}|steps={src.ramp_steps}|max={src.max_ramps}"
             f"{targets}")
 
@@ -83,9 +91,11 @@ def sites_json(manifest: Manifest) -> dict:
     return {
         "model": manifest.name,
         "version": manifest.version,
+        "bootstrap": manifest.bootstrap,
         "sites": [{"tensor": s["tensor"], "index": s["index"]} for s in sites],
         "ramps": [{"site": by_tensor.get(r.site, -1), "tensor": r.site, "ramp": r.index,
-                   "after_block": r.after_block, "agreement": r.agreement, "cost_ms": r.cost_ms,
+                   "after_block": r.after_block, "trained": r.trained,
+                   "agreement": r.agreement, "cost_ms": r.cost_ms,
                    "cost_share": round(r.cost_ms / manifest.full_ms, 5) if manifest.full_ms else None,
                    "cost_share_unsplit": _share(r.cost_ms, manifest.meta.get("unsplit_ms")),
                    "cost_share_unsplit_b16": _share(r.cost_by_batch.get("16"),
@@ -123,11 +133,21 @@ def _install(tmp: Path, target: Path, manifest: Manifest) -> None:
             p.unlink(missing_ok=True)
 
 
+def check_no_bootstrap(bootstrap_n: int | None, ramp_targets: str | None) -> None:
+    """Choices that only shape ramp training make no sense without bootstrap data."""
+    given = [flag for flag, value in (("--bootstrap-n", bootstrap_n),
+                                      ("--ramp-targets", ramp_targets)) if value is not None]
+    if given:
+        raise SourceError(f"{' and '.join(given)}: only for ramp training on bootstrap data, "
+                          "which --no-bootstrap skips (the live refit trains its ramps)")
+
+
 def _source(target: str, data: Path | None, name: str | None, mask_input: str | None,
-            ramp_targets: str | None, choice: SiteChoice) -> ModelSource:
+            ramp_targets: str | None, choice: SiteChoice, bootstrap: bool = True
+            ) -> ModelSource:
     """The model to prepare with the user's choices applied; every choice is part of the
     recipe, so another choice rebuilds. SourceError says what is wrong with the input."""
-    src = resolve(target, data, name)
+    src = resolve(target, data, name, bootstrap)
     if mask_input is not None:
         src = with_mask_input(src, mask_input)
     if ramp_targets is not None:
@@ -156,21 +176,26 @@ def prepare(
     choice: SiteChoice = EVERY_SITE,
     mask_input: str | None = None,
     ramp_targets: str | None = None,
+    bootstrap: bool = True,
 ) -> Path:
     """Prepare a zoo model or a user's ONNX / torch model under ``models_dir`` (reusing an
-    intact copy made by the same recipe); return its folder. ``mask_input``: the model
+    intact copy made by the same recipe); return its folder. ``name``: serve it under this
+    name (default: the zoo name or the file's stem). ``mask_input``: the model
     input text ramps average over (``"none"``: plain mean; default: the source's choice).
     ``ramp_targets``: what the ramps learn of the final model (``ramps.TARGETS``; default:
-    the source's choice, top-1 for a user's model)."""
+    the source's choice, top-1 for a user's model). ``bootstrap=False``: untrained ramps
+    (see the module's doc); ``data`` then only gives a user's model shapes and timing."""
     models_dir = Path(models_dir)
-    src = _source(target, data, name, mask_input, ramp_targets, choice)
+    if not bootstrap:
+        check_no_bootstrap(bootstrap_n, ramp_targets)
+    src = _source(target, data, name, mask_input, ramp_targets, choice, bootstrap)
     models_dir.mkdir(parents=True, exist_ok=True)
     target_dir = models_dir / src.name
     with _locked(models_dir / f".{src.name}.lock"):
-        n = bootstrap_n or src.bootstrap_n
-        recipe = recipe_fingerprint(src, n)
+        n = (bootstrap_n or src.bootstrap_n) if bootstrap else 0
+        recipe = recipe_fingerprint(src, n, bootstrap)
         if not force and (m := load_if_intact(target_dir, src.name)) is not None:
-            if m.meta.get("recipe") == recipe:
+            if m.meta.get("recipe") == recipe and m.bootstrap == bootstrap:
                 log(f"reusing {src.name} {m.version} at {target_dir}")
                 return target_dir
             log(f"{src.name} at {target_dir} was prepared by another recipe; rebuilding")
@@ -180,11 +205,12 @@ def prepare(
         tmp = Path(tempfile.mkdtemp(prefix=f".{src.name}.tmp-", dir=models_dir))
         tmp.chmod(0o755)  # mkdtemp makes it private; the model folder should not be
         try:
-            log(f"preparing {src.name} ({src.description}) with {n} bootstrap samples")
+            how = f"with {n} bootstrap samples" if bootstrap else "without bootstrap data"
+            log(f"preparing {src.name} ({src.description}) {how}")
             from services.prepare.build import build  # torch and ONNX Runtime: only now
 
             manifest = build(src, tmp, log, progress, n, device, threads, choice, recipe,
-                             BOOTSTRAP_SEED)
+                             BOOTSTRAP_SEED, bootstrap)
             _install(tmp, target_dir, manifest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

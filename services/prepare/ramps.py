@@ -273,6 +273,7 @@ class RampFit:
     arch: str
     ndim: int
     pool: str
+    trained: bool = True  # False: the zero placeholder of :func:`untrained_ramps`
 
     @property
     def params(self) -> int:
@@ -322,6 +323,19 @@ def train_ramps(
             f"train {seen:.3f})"
         )
     return fits
+
+
+def untrained_ramps(feats: Features, classes: int, pool: str = "gap") -> list[RampFit]:
+    """A head per site with the trained heads' architecture but zero weights and bias
+    (``offramp prepare --no-bootstrap``): its softmax is uniform, so it never looks
+    confident and no threshold lets it answer, and a live refit warm-started from it starts
+    from the plain regression's usual zero start. ``feats`` need only the sites' pooled
+    widths and ranks (a few sample inputs), not bootstrap data."""
+    nan = float("nan")
+    return [RampFit(site, np.zeros((classes, feats.by_block[site].shape[1]), np.float32),
+                    np.zeros(classes, np.float32), nan, [], nan,
+                    arch_name(feats.ndims[site], pool), feats.ndims[site], pool, trained=False)
+            for site in sorted(feats.by_block)]
 
 
 def head_module(fit: RampFit) -> RampHead:

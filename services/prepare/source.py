@@ -4,7 +4,8 @@ Every source ends as one ONNX graph of the whole classifier plus what preparatio
 around it: input and output specs (batch axis excluded, -1 for variable dims), the class
 count, and bootstrap inputs for ramp training. Zoo models bring their own data; a user's
 model takes ``--data INPUTS.npz`` (one array per input name, first axis = samples) or
-``.npy`` for a single input.
+``.npy`` for a single input. Without bootstrap (``--no-bootstrap``) a user's data only
+gives shapes and timing, so a few samples do.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import numpy as np
 import onnx
 
 from services.runtime.manifest import TensorSpec
-from services.zoo.registry import get_spec
+from services.zoo.registry import ZOO, get_spec
 
 # (inputs by name, group ids): groups keep held-out agreement honest (unseen scenes).
 Batches = Iterator[tuple[dict[str, np.ndarray], np.ndarray]]
 USER_GROUP = 50  # a user's data has no groups: runs of this many samples stand in
+MIN_BOOTSTRAP = 200  # a user's samples below which ramps cannot be trained usefully
 DEFAULT_MAX_RAMPS = 12
 
 
@@ -163,17 +165,20 @@ def from_zoo(name: str) -> ModelSource:
         recipe=spec.recipe, mask_input=spec.mask_input)
 
 
-def from_onnx_file(path: Path, data: Path | None, name: str | None = None) -> ModelSource:
+def from_onnx_file(path: Path, data: Path | None, name: str | None = None,
+                   bootstrap: bool = True) -> ModelSource:
     path = Path(path)
     raw = path.read_bytes()
     try:
         model = onnx.load_from_string(raw)
     except Exception as exc:  # noqa: BLE001 - protobuf raises several types
         raise SourceError(f"{path} is not an ONNX model: {exc}") from None
-    return _user_source(model, raw, data, name or path.stem, f"ONNX model {path.name}")
+    return _user_source(model, raw, data, name or path.stem, f"ONNX model {path.name}",
+                        bootstrap)
 
 
-def from_torch_path(path: Path, data: Path | None, name: str | None = None) -> ModelSource:
+def from_torch_path(path: Path, data: Path | None, name: str | None = None,
+                    bootstrap: bool = True) -> ModelSource:
     """A TorchScript file, a whole pickled ``nn.Module``, or a Hugging Face model folder;
     exported to ONNX with example inputs taken from ``data``."""
     import torch
@@ -200,7 +205,7 @@ def from_torch_path(path: Path, data: Path | None, name: str | None = None) -> M
     example = tuple(torch.from_numpy(np.ascontiguousarray(arrays[k][:1])) for k in names)
     raw = to_onnx(module, example, names, ["logits"])
     return _user_source(onnx.load_from_string(raw), raw, data, name or path.stem,
-                        f"torch model {path.name}")
+                        f"torch model {path.name}", bootstrap)
 
 
 def _read_any(data: Path) -> dict[str, np.ndarray]:
@@ -242,18 +247,23 @@ def _hf_module(folder: Path, names: list[str]):
 
 
 def _user_source(model: onnx.ModelProto, raw: bytes, data: Path | None, name: str,
-                 description: str) -> ModelSource:
+                 description: str, train: bool = True) -> ModelSource:
+    """``train``: the data are bootstrap inputs; else only shapes and timing read them."""
     inputs, outputs = graph_io(model)
     classes = classes_of(outputs)
     if data is None:
-        raise SourceError(f"{name}: pass --data INPUTS.npz with bootstrap inputs (one array per "
-                          f"input {[t.name for t in inputs]}, first axis = samples); ramps are "
-                          "trained to agree with the model's own predictions on them")
+        if train:
+            what, why = "bootstrap inputs", "ramps learn the model's own predictions on them"
+        else:
+            what, why = "a few sample inputs", "with --no-bootstrap they give shapes and timing"
+        raise SourceError(f"{name}: pass --data INPUTS.npz with {what} (one array per input "
+                          f"{[t.name for t in inputs]}, first axis = samples); {why}")
     arrays = load_data(data, inputs)
     bootstrap, sample, n = _data_fns(arrays)
-    if n < 200:
-        raise SourceError(f"{Path(data).name} has {n} samples; ramps need at least 200 "
-                          "(a few thousand give useful agreement)")
+    if train and n < MIN_BOOTSTRAP:
+        raise SourceError(f"{Path(data).name} has {n} samples; ramps need at least "
+                          f"{MIN_BOOTSTRAP} (a few thousand give useful agreement), or "
+                          "--no-bootstrap for untrained ramps")
     digest = _digest(raw, Path(data).read_bytes())
     mask = mask_input_of(inputs)
     pool = "masked_mean" if mask else "mean"
@@ -299,13 +309,27 @@ def mask_input_of(inputs: list[TensorSpec]) -> str:
     return ""
 
 
-def resolve(target: str, data: Path | None = None, name: str | None = None) -> ModelSource:
-    """A zoo name, or a path to an ``.onnx`` file / torch model file / HF folder."""
+def check_name(name: str, target: str) -> None:
+    """A name to serve a model under (``--name``): a plain folder name, and not another zoo
+    model's, which ``offramp up`` would prepare over it."""
+    if not name or "/" in name or name.startswith(".") or any(c.isspace() for c in name):
+        raise SourceError(f"--name {name!r}: a plain name (no '/', spaces or leading dot)")
+    if name in ZOO and name != target:
+        raise SourceError(f"--name {name!r} is a zoo model's name; choose another")
+
+
+def resolve(target: str, data: Path | None = None, name: str | None = None,
+            bootstrap: bool = True) -> ModelSource:
+    """A zoo name, or a path to an ``.onnx`` file / torch model file / HF folder, served as
+    ``name`` when given. ``bootstrap``: ``data`` must hold enough inputs to train ramps."""
+    if name is not None:
+        check_name(name, target)
     path = Path(target)
     if path.exists():
         if path.suffix == ".onnx":
-            return from_onnx_file(path, data, name)
-        return from_torch_path(path, data, name)
+            return from_onnx_file(path, data, name, bootstrap)
+        return from_torch_path(path, data, name, bootstrap)
     if target.endswith((".onnx", ".pt", ".pth")) or "/" in target:
         raise SourceError(f"{target} does not exist")
-    return from_zoo(target)
+    src = from_zoo(target)
+    return replace(src, name=name) if name else src

@@ -74,7 +74,7 @@ class RampSpec:
     sha256: str
     arch: str  # "gap_fc": global average pool + linear
     params: int
-    agreement: float  # held-out top-1 agreement with the final model
+    agreement: float | None  # held-out top-1 agreement with the final model; None: untrained
     cost_ms: float  # measured batch-1 latency of the ramp head
     site: str = ""  # the graph tensor the ramp reads (its cut vertex)
     cost_by_batch: dict[str, float] = field(default_factory=dict)  # batch size -> ms
@@ -86,6 +86,9 @@ class RampSpec:
     # Model inputs the head reads besides the site activation, fed by name (a text model's
     # attention mask, for a mean over real tokens only).
     inputs: list[str] = field(default_factory=list)
+    # False: a placeholder head (zero weights: a uniform softmax, never confident) that no
+    # initial deployment activates; a live refit gives it weights. Older manifests: trained.
+    trained: bool = True
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RampSpec:
@@ -105,6 +108,9 @@ class Manifest:
     base_params: int
     full_ms: float
     meta: dict[str, Any] = field(default_factory=dict)  # provenance: data, timings
+    # False: prepared without bootstrap data (``offramp prepare --no-bootstrap``), every
+    # ramp untrained. Older manifests lack the key: bootstrapped.
+    bootstrap: bool = True
 
     @property
     def num_blocks(self) -> int:
@@ -171,6 +177,7 @@ class Manifest:
             base_params=int(d["base_params"]),
             full_ms=float(d["full_ms"]),
             meta=dict(d.get("meta", {})),
+            bootstrap=bool(d.get("bootstrap", True)),
         )
 
     @classmethod

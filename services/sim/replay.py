@@ -256,13 +256,20 @@ def run_static(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_C
     return _result("static", trace, lat, ans, site, window, threshold=t, tuned_on_frac=frac)
 
 
+def initial_sites(trace: Trace, budget: float) -> list[int]:
+    """A fresh deployment's active sites: evenly spaced within the budget, among the ramps
+    the model was prepared with trained heads (``--no-bootstrap`` ramps are not)."""
+    trained = trace.meta.get("trained") or [True] * trace.n_sites
+    return initial_active({s: float(c) for s, c in enumerate(trace.ramp_cost_ms) if trained[s]},
+                          trace.profile().full_ms, budget)
+
+
 def make_controller(trace: Trace, constraint: float = DEFAULT_CONSTRAINT,
                     budget: float = DEFAULT_BUDGET, **kwargs: Any) -> ExitController:
     """A controller as a fresh deployment starts: evenly spaced ramps within the budget, all
     thresholds 0 (Apparate §3.1)."""
     prof = trace.profile()
-    active = initial_active({s: float(c) for s, c in enumerate(trace.ramp_cost_ms)},
-                            prof.full_ms, budget)
+    active = initial_sites(trace, budget)
     return ExitController(prof, active, None, constraint=constraint, budget=budget,
                           score=str(trace.meta.get("score", "max_softmax")), **kwargs)
 
@@ -411,8 +418,7 @@ def run_hindsight(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAUL
     only sees the past, so offramp sits between ``static`` and this; a wide gap says the
     controller (not the ramps) leaves savings behind, a small gain here says the ramps do."""
     prof = trace.profile()
-    active = initial_active({s: float(c) for s, c in enumerate(trace.ramp_cost_ms)},
-                            prof.full_ms, budget)
+    active = initial_sites(trace, budget)
     if every < 1:
         raise ValueError("every must be >= 1")
     blocks: list[tuple[float, ...]] = []

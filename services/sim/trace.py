@@ -284,6 +284,7 @@ def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
             "ramp_ids": ids, "after_block": [manifest.ramp(i).after_block for i in ids],
             "latency_source": "manifest serving profile, batch 1 (LatencyProfile.from_manifest)",
             **({"head_pools": [heads[i].pool for i in ids]} if features else {}),
+            "trained": [bool(manifest.ramp(i).trained) for i in ids],
             **_targets_of(manifest), **(meta or {})}
     return Trace(np.concatenate(rec.preds, axis=1),
                  np.concatenate(rec.scores, axis=1).astype(np.float64),

@@ -9,8 +9,10 @@ from services.bench.apparate_live import table
 from services.bench.live_metrics import aggregate
 
 
-def _run(vanilla_ms: float, offramp_ms: float, errors: int = 0) -> dict:
+def _run(vanilla_ms: float, offramp_ms: float, errors: int = 0, refit_ms: float | None = None
+         ) -> dict:
     base = {"requests": 10, "ok": 10 - errors, "errors": errors}
+    refit_ms = offramp_ms if refit_ms is None else refit_ms
     return {
         "vanilla": {**base, "p25_ms": vanilla_ms, "p50_ms": vanilla_ms, "p95_ms": 2 * vanilla_ms,
                     "agreement": 1.0, "worst_window_agreement": 1.0, "exit_rate": 0.0},
@@ -21,6 +23,12 @@ def _run(vanilla_ms: float, offramp_ms: float, errors: int = 0) -> dict:
                     "agreement": 0.995, "worst_window_agreement": 0.9375, "exit_rate": 0.2,
                     "initial_active": [1, 8], "configs": 4, "active_ramps_over_time": [[0, 2]],
                     "timeline": []},
+        "offramp+refit": {**base, "p25_ms": refit_ms, "p50_ms": refit_ms, "p95_ms": 2 * refit_ms,
+                          "agreement": 0.993, "worst_window_agreement": 0.9375, "exit_rate": 0.5,
+                          "initial_active": [1, 8], "configs": 6,
+                          "active_ramps_over_time": [[0, 2]], "timeline": [],
+                          "refits": [{"ramp": 3, "version": 1, "trained_on": 96,
+                                      "serving_agreement": 0.5, "agreement": 0.9}]},
         "oracle": {"p25_ms": 1.0, "p50_ms": 2.0, "p95_ms": 3.0, "agreement": 1.0,
                    "exit_rate": 0.9, "source": "estimated"},
     }
@@ -56,6 +64,14 @@ def test_the_table_shows_the_median_change_and_each_run():
     assert "-10.0%" in offramp_row                    # the median of -10, -5 and -20 %
     assert "offramp p50/p95 vs vanilla, run by run: -10.0/-10.0%, -5.0/-5.0%, -20.0/-20.0%" in text
     assert "configs per run [4, 4, 4]" in text
+    assert "refitted heads deployed per run [1, 1, 1]" in text and "3 v1: 0.500 -> 0.900" in text
+
+
+def test_the_refit_policy_is_compared_with_its_own_run_s_vanilla():
+    agg = aggregate([_run(20.0, 18.0, refit_ms=10.0), _run(40.0, 38.0, refit_ms=30.0)])
+    assert agg["offramp+refit"]["p50_change_by_run"] == [pytest.approx(-0.5),
+                                                         pytest.approx(-0.25)]
+    assert "refits" not in agg["offramp+refit"]  # per run only
 
 
 def test_serving_latency_changes_are_taken_against_each_run_s_vanilla():

@@ -131,6 +131,6 @@ def test_answers_are_broken_down_by_where_they_came_from():
     assert got["final"] == {"n": 1, "p50_ms": 9.0, "p75_ms": 9.0, "serving_p50_ms": 8.0,
                             "serving_p75_ms": 8.0}
     one = {"vanilla": run_summary(outs, np.zeros(6, np.int64))}
-    one["static"] = one["offramp"] = one["oracle"] = one["vanilla"]
+    one["static"] = one["offramp"] = one["offramp+refit"] = one["oracle"] = one["vanilla"]
     assert "by_exit" in aggregate([one])["offramp"]           # one run: that run's
     assert "by_exit" not in aggregate([one, one])["offramp"]  # several: per run only

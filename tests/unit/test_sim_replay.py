@@ -233,3 +233,13 @@ def test_unknown_policy_and_missing_arrivals() -> None:
     assert arrivals_for(tr, "constant:100").tolist() == [0.01, 0.02, 0.03, 0.04]
 
 
+
+
+def test_a_fresh_deployment_never_starts_on_untrained_ramps() -> None:
+    tr = easy()
+    everything = make_controller(tr, budget=1.0).active
+    assert len(everything) > 1
+    tr.meta["trained"] = [k not in everything[:1] for k in range(tr.n_sites)]
+    assert everything[0] not in make_controller(tr, budget=1.0).active
+    tr.meta["trained"] = [False] * tr.n_sites
+    assert make_controller(tr, budget=1.0).active == ()

@@ -165,3 +165,13 @@ def test_a_gain_within_chance_is_refused():
     assert not verdict.accept and "beyond chance" in verdict.reason
     x[:, 2:] = says_right_on(idx < 260)                      # 60 gained, none lost
     assert judge(serving, candidate, x, labels, cfg).accept
+
+
+def test_an_untrained_head_is_replaced_whatever_its_calibration(shift):
+    rng, _, new = shift
+    zero = LinearHead(np.zeros((K, C), np.float32), np.zeros(K, np.float32))
+    x, y = _stream(rng, new, 600, np.arange(K))
+    candidate = refit(zero, x[:450], y[:450], RefitConfig(steps=3, lr=0.01))
+    verdict = judge(zero, candidate, x[450:], y[450:])
+    assert verdict.candidate_agreement > verdict.serving_agreement + 0.1
+    assert verdict.accept

@@ -222,3 +222,48 @@ def with_head(model: onnx.ModelProto, head: onnx.ModelProto, prefix: str) -> onn
                             if d not in ours)
     onnx.checker.check_model(out)
     return out
+
+
+def head_gemm(head: onnx.ModelProto) -> onnx.NodeProto:
+    """The linear layer of a ramp head (its one Gemm); ValueError if it has none or several."""
+    gemms = [n for n in head.graph.node if n.op_type == "Gemm"]
+    if len(gemms) != 1:
+        raise ValueError(f"a ramp head must hold one Gemm, {head.graph.name!r} holds {len(gemms)}")
+    return gemms[0]
+
+
+def head_pooling(head: onnx.ModelProto) -> onnx.ModelProto:
+    """``head`` up to its linear layer: the nodes computing the Gemm's input (the pooled
+    features, its one output), the weights and the inputs they read. No nodes when the Gemm
+    reads the site itself (an N×C activation)."""
+    want = head_gemm(head).input[0]
+    nodes = list(head.graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    picked: set[int] = set()
+    stack = [want]
+    while stack:
+        i = producer.get(stack.pop())
+        if i is not None and i not in picked:
+            picked.add(i)
+            stack.extend(nodes[i].input)
+    kept = [nodes[i] for i in sorted(picked)]
+    used = {x for n in kept for x in n.input} | {want}
+    inputs = [head.graph.input[0], *(vi for vi in head.graph.input[1:] if vi.name in used)]
+    graph = helper.make_graph(
+        kept, f"{head.graph.name}_pooling", inputs,
+        [helper.make_tensor_value_info(want, onnx.TensorProto.FLOAT, None)],
+        initializer=[t for t in head.graph.initializer if t.name in used])
+    out = helper.make_model(graph, opset_imports=list(head.opset_import))
+    out.ir_version = head.ir_version
+    return out
+
+
+def features_name(head: onnx.ModelProto, prefix: str, site: str) -> str:
+    """The tensor that ``head`` bound by ``bind_head(head, prefix, site)`` (or its
+    ``head_pooling``) feeds its linear layer: the ramp's pooled features in that graph."""
+    want = head_gemm(head).input[0]
+    if want == head.graph.input[0].name:
+        return site
+    if any(vi.name == want for vi in head.graph.input[1:]):
+        return want
+    return prefix + want

@@ -18,6 +18,9 @@ go last in the node list, the earliest ramp's last: each tap runs right after it
 before any node of the blocks after its site. That is an implementation detail of the
 runtime, so every tapped session is checked once with the runtime's profiler
 (``verify_order``) and a stage whose taps do not run in place falls back to split calls.
+A tapped stage may also output the pooled features at every ramp site (``site_features``):
+their nodes go before the taps in the node list, so they are visited after every tap and
+never pull a later block ahead of one.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import functools
 import json
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -37,7 +40,7 @@ from onnx import TensorProto, helper
 
 from services.exits.scores import SCORE_KINDS
 from services.runtime import tap_library
-from services.runtime.onnx_blocks import bind_head
+from services.runtime.onnx_blocks import BoundHead, bind_head, features_name, head_pooling
 
 TAP_DOMAIN = "offramp"
 TAP_OP = "RampTap"
@@ -148,14 +151,21 @@ def tap_output(ramp: int) -> str:
     return f"ramp{ramp}/outcome"
 
 
-def tapped(stage: onnx.ModelProto, heads: Sequence[tuple[int, str, onnx.ModelProto]]
-           ) -> onnx.ModelProto:
+def feature_output(ramp: int) -> str:
+    """Name of the output holding a ramp site's pooled features: float [batch, dim] (or
+    [batch, dim, 1, 1]: a spatial pooling, see ``site_features``)."""
+    return f"ramp{ramp}/features"
+
+
+def tapped(stage: onnx.ModelProto, heads: Sequence[tuple[int, str, onnx.ModelProto]],
+           features: Sequence[tuple[int, str, onnx.ModelProto]] = ()) -> onnx.ModelProto:
     """``stage`` plus, for each ``(ramp, site tensor, head model)`` in site order, the head
     reading the site tensor and a tap on its logits. Outputs: the stage's, then each tap's
-    outcome in ramp order (a graph output keeps the tap alive)."""
+    outcome in ramp order (a graph output keeps the tap alive), then the ``features``
+    sites' pooled features (``site_features``)."""
     out = onnx.ModelProto()
     out.CopyFrom(stage)
-    out.MergeFrom(tap_extension(StageFacts.of(stage), heads))
+    out.MergeFrom(tap_extension(StageFacts.of(stage), heads, features))
     return out
 
 
@@ -174,44 +184,106 @@ class StageFacts:
                    tuple((o.domain, o.version) for o in stage.opset_import))
 
 
-def tap_extension(stage: StageFacts, heads: Sequence[tuple[int, str, onnx.ModelProto]]
+def _check_opsets(ramp: int, h: BoundHead, opsets: dict[str, int], exact: bool = False) -> None:
+    for domain, version in h.opsets.items():
+        have = opsets.get(domain, version)
+        if domain in ("", "ai.onnx") and (version > have or (exact and version != have)):
+            raise ValueError(f"ramp {ramp}'s head needs opset {version}, the stage has {have}")
+
+
+def tap_extension(stage: StageFacts, heads: Sequence[tuple[int, str, onnx.ModelProto]],
+                  features: Sequence[tuple[int, str, onnx.ModelProto]] = ()
                   ) -> onnx.ModelProto:
     """What a tapped stage adds to its stage, as a ModelProto to merge into it: the heads'
-    nodes and weights, the taps (last: the earliest ramp's tap is the last leaf, so it runs
-    first), their outputs and the tap domain's opset. Protobuf parses concatenated
-    serializations as one merged message (repeated fields append), so a worker appends
-    these few bytes to its stage's cached serialization instead of copying and
-    re-serializing the whole stage (about 0.3 s with the GIL held for MiniLM's 90 MB, long
-    enough to stall the worker's heartbeats)."""
+    nodes and weights, the nodes of the ``features`` sites' outputs (``site_features``; an
+    active head's features are its Gemm's input), the taps (last: the earliest ramp's tap
+    is the last leaf, so it runs first), their outputs, then the features', and the tap
+    domain's opset. Protobuf parses concatenated serializations as one merged message
+    (repeated fields append), so a worker appends these few bytes to its stage's cached
+    serialization instead of copying and re-serializing the whole stage (about 0.3 s with
+    the GIL held for MiniLM's 90 MB, long enough to stall the worker's heartbeats)."""
     ext = onnx.ModelProto()
     g = ext.graph
     opsets = dict(stage.opsets)
     head_nodes: list[onnx.NodeProto] = []
     tap_nodes: list[onnx.NodeProto] = []
-    added_inputs = set()
+    added_inputs: set[str] = set()
+    fused: dict[int, str] = {}
     for ramp, site, head in heads:
         if site not in stage.tensors:
             raise ValueError(f"ramp {ramp}: site tensor {site!r} is not in the stage")
         h = bind_head(pool_in_layout(head), f"ramp{ramp}/", site)
-        for domain, version in h.opsets.items():
-            if domain in ("", "ai.onnx") and version > opsets.get(domain, version):
-                raise ValueError(f"ramp {ramp}'s head needs opset {version} > the stage's")
-        logits = h.output.name
+        _check_opsets(ramp, h, opsets)
+        fused[ramp] = features_name(head, f"ramp{ramp}/", site)
         head_nodes.extend(h.nodes)
         g.initializer.extend(h.initializers)
         for vi in h.inputs:  # e.g. the attention mask, where the stage does not read it
             if vi.name not in stage.tensors and vi.name not in added_inputs:
                 g.input.append(vi)
                 added_inputs.add(vi.name)
-        tap_nodes.append(helper.make_node(TAP_OP, [logits], [tap_output(ramp)],
+        tap_nodes.append(helper.make_node(TAP_OP, [h.output.name], [tap_output(ramp)],
                                           domain=TAP_DOMAIN, name=tap_node(ramp), ramp=ramp))
     g.node.extend(head_nodes)
+    feats = site_features(StageFacts(stage.tensors | added_inputs, stage.opsets), features,
+                          fused) if features else None
+    if feats is not None:  # before the taps: visited after every tap (see the module doc)
+        g.node.extend(feats.graph.node)
+        g.initializer.extend(feats.graph.initializer)
+        g.input.extend(feats.graph.input)
     g.node.extend(reversed(tap_nodes))
     for ramp, _, _ in heads:
         g.output.append(helper.make_tensor_value_info(tap_output(ramp), TensorProto.FLOAT, None))
+    if feats is not None:
+        g.output.extend(feats.graph.output)
     if TAP_DOMAIN not in opsets:
         ext.opset_import.append(helper.make_opsetid(TAP_DOMAIN, 1))
     return ext
+
+
+def site_features(stage: StageFacts, sites: Sequence[tuple[int, str, onnx.ModelProto]],
+                  fused: Mapping[int, str]) -> onnx.ModelProto:
+    """What outputting the pooled features of ``sites`` (``(ramp, site tensor, head)``
+    each) adds to a graph, as a ModelProto to merge into it: outputs ``feature_output(ramp)``
+    in that order, each the input of the head's linear layer. A ramp in ``fused`` (ramp ->
+    that tensor: its whole head is in the graph already) exposes it; any other site gets
+    its head's pooling alone, names prefixed ``feat{ramp}/`` (a GlobalAveragePool for a
+    CNN: ``pool_in_layout``, whose output [batch, C, 1, 1] is left for the reader to
+    flatten). Its opsets must equal the graph's (a ReduceMean changed)."""
+    ext = onnx.ModelProto()
+    g = ext.graph
+    opsets = dict(stage.opsets)
+    have = set(stage.tensors)
+    for ramp, site, head in sites:
+        src = fused.get(ramp)
+        if src is None:
+            if site not in stage.tensors:
+                raise ValueError(f"ramp {ramp}: site tensor {site!r} is not in the graph")
+            prefix = f"feat{ramp}/"
+            h = bind_head(pool_in_layout(head_pooling(head)), prefix, site)
+            if h.nodes:
+                _check_opsets(ramp, h, opsets, exact=True)
+            src = features_name(head, prefix, site)
+            if _flattens(h.nodes[-1:], src):  # a kernel call per site (~5 us): the reader
+                src = h.nodes.pop().input[0]  # flattens [batch, C, 1, 1] for free instead
+            g.node.extend(h.nodes)
+            g.initializer.extend(h.initializers)
+            for vi in h.inputs:  # a mask the graph does not read yet
+                if vi.name not in have:
+                    g.input.append(vi)
+                    have.add(vi.name)
+        g.node.append(helper.make_node("Identity", [src], [feature_output(ramp)],
+                                       name=f"feat{ramp}/out"))
+        g.output.append(helper.make_tensor_value_info(feature_output(ramp), TensorProto.FLOAT,
+                                                      None))
+    return ext
+
+
+def _flattens(nodes: Sequence[onnx.NodeProto], output: str) -> bool:
+    """Whether ``nodes`` is one Flatten to 2-D (axis 1) making ``output``."""
+    if len(nodes) != 1 or nodes[0].op_type != "Flatten" or nodes[0].output[0] != output:
+        return False
+    axis = {a.name: helper.get_attribute_value(a) for a in nodes[0].attribute}.get("axis", 1)
+    return axis == 1
 
 
 def pool_in_layout(head: onnx.ModelProto) -> onnx.ModelProto:

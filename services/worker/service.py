@@ -28,7 +28,7 @@ from schemas import errors, subjects
 from schemas.errors import ServingError
 from schemas.heartbeat import Heartbeat
 from schemas.messages import Batch, ExitConfig, Results, decode_map, encode_reply
-from schemas.telemetry import SampleTelemetry
+from schemas.telemetry import FINAL_LOGITS_MAX_CLASSES, RampFeatures, SampleTelemetry
 from services.common import bus, logs
 from services.common.background import run_low
 from services.common.config import Config
@@ -38,6 +38,7 @@ from services.exits.decide import ramp_outcome
 from services.exits.initial import initial_config, initial_ramps
 from services.runtime.manifest import Manifest
 from services.runtime.stage import StageRuntime, spin_for
+from services.worker.feature_sampling import FeatureSampler
 from services.worker.feedback_backlog import FeedbackBacklog, SetAside
 from services.worker.stage_exec import StageOutcome, execute
 from services.worker.telemetry import TelemetryBuffer
@@ -94,6 +95,10 @@ class Worker:
         self.inline = False
         self.telemetry = TelemetryBuffer()
         self.backlog = FeedbackBacklog(cfg.feedback_backlog)
+        # pooled features at this stage's ramp sites for a sample of inputs (online ramp
+        # refits); only the last stage knows the final answers they are labelled with
+        self.sampler = FeatureSampler(cfg.ramp_feature_rate, cfg.ramp_feature_max_per_s)
+        self.want_features = plan.is_last and bool(self.ramps) and self.sampler.enabled
         self.stopping = False
         self.batches = 0
         self.stage_ms = sum(b.cost_ms for b in manifest.blocks[plan.first_block:plan.last_block]) + \
@@ -123,10 +128,16 @@ class Worker:
             return
         if config.model != self.plan.model or config.version <= self._newest_version():
             return
-        # Build the merged block sessions the new active set needs before it is applied,
-        # off the event loop and at low priority, so no batch waits for (or competes with)
-        # session creation.
-        await self.loop.run_in_executor(None, run_low, self.runtime.warm, config.active)
+        # Build the sessions the new active set and heads need before it is applied, off the
+        # event loop and at low priority, so no batch waits for (or competes with) session
+        # creation; batches go on with the old heads meanwhile.
+        try:
+            await self.loop.run_in_executor(None, run_low, self.runtime.warm, config.active,
+                                            config.heads, self.want_features)
+        except (ValueError, OSError) as exc:  # e.g. a head file this worker cannot read
+            self.log.error("exit config refused %s", logs.kv(version=config.version,
+                                                             error=repr(exc)))
+            return
         self._log_tap_notes()
         if config.version > self._newest_version():
             self.next_config = config  # swapped in between batches, never mid-batch
@@ -181,8 +192,12 @@ class Worker:
 
     def _begin(self, inline: bool) -> None:
         if self.next_config is not None:  # between batches, never mid-batch
-            self.config, self.next_config = self.next_config, None
-            self.log.info("exit config applied %s", logs.kv(version=self.config.version))
+            old, self.config, self.next_config = self.config, self.next_config, None
+            if old.heads != self.config.heads:  # sessions of heads no config uses any more
+                self.runtime.forget_heads(self.config.heads)
+            self.log.info("exit config applied %s", logs.kv(
+                version=self.config.version,
+                heads=",".join(f"{r}:{f}" for r, f in sorted(self.config.heads.items()))))
         self.busy = True
         self.inline = inline
 
@@ -255,6 +270,8 @@ class Worker:
         if rerun is None:  # answer first: the telemetry below is bookkeeping
             self.answer_finals(batch, config, received, out, labels, scores)
         self.record_telemetry(batch, config, out, labels, scores, stage_ms)
+        if out.features:
+            self.record_features(batch, config, out, labels)
 
     @staticmethod
     def exit_rows_of(batch: Batch, rerun: SetAside | None) -> np.ndarray:
@@ -299,7 +316,7 @@ class Worker:
                                exit_at, config, on_early, batch.ramp_ids,
                                None if batch.ramp_pred is None else list(batch.ramp_pred),
                                None if batch.ramp_score is None else list(batch.ramp_score),
-                               self.model_inputs_of(batch))
+                               self.model_inputs_of(batch), features=self.want_features)
             except Exception:
                 if run_options is None or not run_options.terminate:
                     raise
@@ -361,6 +378,25 @@ class Worker:
             self._add_telemetry(part)
         else:
             self.loop.call_soon_threadsafe(self._add_telemetry, part)
+
+    def record_features(self, batch: Batch, config: ExitConfig, out: StageOutcome,
+                        labels: np.ndarray) -> None:
+        """Publish the sampled rows' pooled features at every ramp site of this stage with
+        the final answer (``RampFeatures``): after the answers, encoded on this thread."""
+        rows = self.sampler.rows(batch.ids, time.monotonic())
+        if not len(rows):
+            return
+        ramps = sorted(out.features)
+        logits = out.output
+        small = logits.ndim == 2 and logits.shape[1] <= FINAL_LOGITS_MAX_CLASSES
+        msg = RampFeatures(
+            model=self.plan.model, worker=self.id, config_version=config.version,
+            ids=[batch.ids[i] for i in rows], ramp_ids=ramps,
+            features=[np.ascontiguousarray(out.features[r][rows], np.float32) for r in ramps],
+            final_pred=np.asarray(labels, np.int32)[rows],
+            final_logits=np.ascontiguousarray(logits[rows], np.float32) if small else None,
+            t=time.time())
+        self._publish_threadsafe([(subjects.ramp_features(self.plan.model), msg.encode())])
 
     def _add_telemetry(self, part: SampleTelemetry) -> None:
         """Coalesce telemetry (services/worker/telemetry.py); on the event loop, after the
@@ -453,9 +489,11 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
     worker = Worker(nc, cfg, plan, manifest, runtime, store, log)
     row = await asyncio.to_thread(store.latest_exit_config, model)
     if row is not None:
-        worker.config = ExitConfig(model, row.version, row.mode, dict(row.thresholds), list(row.active))
+        worker.config = ExitConfig(model, row.version, row.mode, dict(row.thresholds),
+                                   list(row.active), heads=dict(row.heads))
     await asyncio.to_thread(runtime.preload_taps)
-    await asyncio.to_thread(runtime.warm, worker.config.active)
+    await asyncio.to_thread(runtime.warm, worker.config.active, worker.config.heads,
+                            worker.want_features)
     worker._log_tap_notes()
     await nc.subscribe(subjects.exit_config(model), cb=worker.on_config)
     if stage == 0:

@@ -25,21 +25,32 @@ class StageOutcome:
     ramp_score: list[np.ndarray]
     exit_at: np.ndarray
     ms: float
+    # ramp -> pooled features (float32 [batch, dim]) at its site, for every ramp of the
+    # stage, active or not (``execute(features=True)``); else None
+    features: dict[int, np.ndarray] | None = None
 
 
 def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, config: ExitConfig,
             on_early: EarlyCallback | None = None, ramp_ids: list[int] | None = None,
             ramp_pred: list[np.ndarray] | None = None,
             ramp_score: list[np.ndarray] | None = None,
-            model_inputs: dict[str, np.ndarray] | None = None) -> StageOutcome:
+            model_inputs: dict[str, np.ndarray] | None = None,
+            features: bool = False) -> StageOutcome:
     """Blocks ``first..last-1``; after each, the active ramps sited there (records kept for
-    every sample, early callback for samples that pass their threshold). ``x`` is the model
-    inputs for stage 0, else the previous stage's activation; ``model_inputs`` holds the
-    model inputs later blocks read (defaults to ``x`` when it is the inputs dict)."""
+    every sample, early callback for samples that pass their threshold), their heads the
+    files ``config.heads`` names. ``x`` is the model inputs for stage 0, else the previous
+    stage's activation; ``model_inputs`` holds the model inputs later blocks read (defaults
+    to ``x`` when it is the inputs dict). ``features``: the outcome also holds the pooled
+    features at every ramp site of the stage, from the same runtime calls."""
     if model_inputs is None and isinstance(x, dict):
         model_inputs = x
     t0 = time.perf_counter()
     ids, preds, scores = list(ramp_ids or []), list(ramp_pred or []), list(ramp_score or [])
+    heads = getattr(config, "heads", None) or None
+    # only what differs from the defaults is passed: a runtime may not know heads/features
+    opts = {"heads": heads} if heads else {}
+    feats: dict[int, np.ndarray] | None = {} if features else None
+    got = {"features": feats} if features else {}
 
     def record(ramp: int, logits: np.ndarray) -> None:
         labels, score = ramp_outcome(logits, config.score)
@@ -56,23 +67,24 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
     here = active_in_order(ramps, config.active)
     tapped = getattr(runtime, "tapped", None)  # a runtime without taps splits
     whole = tapped is not None and (first, last) == (runtime.first_block, runtime.last_block)
-    sess = tapped(here) if here and whole else None
+    sess = tapped(here, **opts, **({"features": True} if features else {})) \
+        if (here or features) and whole else None
     if sess is not None:  # one call; each tap decides its exits as its head finishes
-
         plan = tap_plan(tuple((r, config.thresholds.get(r, 0.0)) for r in here), config.score)
-        x, outcomes = runtime.run_tapped(sess, x, model_inputs, plan, exit_at, on_early)
+        x, outcomes = runtime.run_tapped(sess, x, model_inputs, plan, exit_at, on_early, **got)
         if len(outcomes) != len(here):
             raise RuntimeError(f"taps of ramps {list(here)} reported {len(outcomes)} outcomes")
-        for r, got in zip(here, outcomes):
+        for r, out in zip(here, outcomes):
             ids.append(r)
-            preds.append(got[:, 0].astype(np.int32))
-            scores.append(np.ascontiguousarray(got[:, 1]))
+            preds.append(out[:, 0].astype(np.int32))
+            scores.append(np.ascontiguousarray(out[:, 1]))
     else:
         ramp_after = ramps_after_blocks(ramps, here)
         for start, end in block_ranges(first, last, set(ramp_after)):
             at = ramp_after.get(end - 1, [])
-            x, fused = runtime.run_range(start, end, x, model_inputs, at[0] if at else None)
+            x, fused = runtime.run_range(start, end, x, model_inputs, at[0] if at else None,
+                                         **opts, **got)
             for k, r in enumerate(at):
-                record(r, fused if k == 0 else runtime.run_ramp(r, x, model_inputs))
+                record(r, fused if k == 0 else runtime.run_ramp(r, x, model_inputs, **opts))
     return StageOutcome(as_numpy(x), ids, preds, scores, exit_at,
-                        (time.perf_counter() - t0) * 1e3)
+                        (time.perf_counter() - t0) * 1e3, feats)

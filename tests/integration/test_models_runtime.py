@@ -128,7 +128,7 @@ def test_only_the_stage_without_ramps_spins(tiny_dir):
     assert spins(rt.merged(0, m.num_blocks)) == "1"
     assert spins(rt.merged(0, 2, 1)) == "0"
     assert spins(rt.merged(2, m.num_blocks)) == "0"
-    assert spins(rt._blocks[0]) == "0" and spins(rt._ramps[1]) == "0"
+    assert spins(rt._blocks[0]) == "0" and spins(rt._head(1, None)) == "0"
     tapped = rt.tapped((1,))
     assert tapped is not None  # the tap library builds on this machine (gcc in the setup)
     assert spins(tapped) == "0"

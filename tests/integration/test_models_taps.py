@@ -254,6 +254,6 @@ def test_tapped_sessions_kept_are_bounded_least_recently_used_out(tiny_dir, monk
     rt.run_tapped(b, x, None, taps.tap_plan(((1, 0.0),), "max_softmax"), np.full(2, -1, np.int32))
     c = rt.tapped((2,))                          # a third set evicts the least recent: (1,)
     assert c is not None and rt.tapped((0,)) is a and rt.tapped((2,)) is c
-    assert set(rt._tapped) == {(0,), (2,)}
+    assert {key[0] for key in rt._tapped} == {(0,), (2,)}
     assert b not in rt._inputs                   # nothing else keeps the evicted one alive
     assert rt.tapped((1,)) is not b              # built again when asked for

@@ -194,7 +194,7 @@ class Results:
             raise _bad(f"malformed results: {exc!r}") from None
 
 
-def head_file(name: Any) -> str:
+def plain_head_file(name: Any) -> str:
     """A ramp head's file name as an exit config may name it: a plain ``.onnx`` file name
     (the file lives next to the model's other files; no path may point elsewhere)."""
     if (not isinstance(name, str) or not name.endswith(".onnx") or "/" in name
@@ -235,6 +235,6 @@ class ExitConfig:
                                    for k, v in (msg.get("thresholds") or {}).items()},
                        active=[int(r) for r in msg.get("active") or []],
                        score=msg.get("score", "max_softmax"),
-                       heads={int(k): head_file(v) for k, v in (msg.get("heads") or {}).items()})
+                       heads={int(k): plain_head_file(v) for k, v in (msg.get("heads") or {}).items()})
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise _bad(f"malformed exit config: {exc!r}") from None

@@ -11,6 +11,7 @@ from onnx import numpy_helper
 
 from services.exits.linear_head import LinearHead
 from services.runtime.manifest import RampSpec, sha256_bytes
+from services.runtime.onnx_blocks import head_gemm
 from services.runtime.pooling import pool_of_arch
 
 
@@ -20,15 +21,18 @@ def load_head(model_dir: str | Path, ramp: RampSpec, file: str | None = None) ->
     pooling."""
     model = onnx.load(str(Path(model_dir) / (file or ramp.file)))
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    gemms = [n for n in model.graph.node if n.op_type == "Gemm"]
-    if len(gemms) != 1 or not {gemms[0].input[1], gemms[0].input[2]} <= consts.keys():
+    try:
+        gemm = head_gemm(model)
+    except ValueError:
+        gemm = None
+    if gemm is None or not {gemm.input[1], gemm.input[2]} <= consts.keys():
         raise ValueError(f"ramp {ramp.index} ({ramp.file}): not one linear layer with "
                          f"constant weights")
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gemms[0].attribute}
-    weight = consts[gemms[0].input[1]].astype(np.float32)
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gemm.attribute}
+    weight = consts[gemm.input[1]].astype(np.float32)
     if not attrs.get("transB", 0):
         weight = weight.T  # stored C x classes
-    bias = consts[gemms[0].input[2]].astype(np.float32)
+    bias = consts[gemm.input[2]].astype(np.float32)
     return LinearHead(np.ascontiguousarray(weight), bias, pool_of_arch(ramp.arch))
 
 
@@ -42,7 +46,7 @@ def head_onnx(model_dir: str | Path, ramp: RampSpec, head: LinearHead) -> bytes:
     """The prepared head's ONNX graph (same pooling, inputs and outputs) with ``head``'s
     linear layer: what a refitted head is served as."""
     model = onnx.load(str(Path(model_dir) / ramp.file))
-    gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
+    gemm = head_gemm(model)
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gemm.attribute}
     weight = head.weight if attrs.get("transB", 0) else head.weight.T
     arrays = {gemm.input[1]: weight, gemm.input[2]: head.bias}

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from schemas.messages import plain_head_file
 from services.common.config import ORT_SPIN_SETTINGS
 from services.runtime import tap_library, taps
 from services.runtime.devices import CPU, CUDA, pick_providers
@@ -348,9 +349,7 @@ class StageRuntime:
             raise ValueError(f"ramp {ramp} is not in this stage ({sorted(self._prepared)})")
         if file is None:
             return prepared
-        if not isinstance(file, str) or not file or "/" in file or "\\" in file \
-                or ".." in file or "\0" in file:
-            raise ValueError(f"ramp {ramp}'s head {file!r} is not a plain file name")
+        plain_head_file(file)  # the rule exit configs are checked by
         if file in self._checked:
             return file
         if not (self.model_dir / file).is_file():
@@ -380,20 +379,14 @@ class StageRuntime:
         with self._merge_lock:
             for key in [k for k in self._tapped
                         if any(want.get(r) != f for r, f in zip(k[0], k[1], strict=True))]:
-                self._drop(self._tapped.pop(key))
+                del self._tapped[key]
             for key in list(self._tap_used):
                 if key not in self._tapped:
                     self._tap_used.pop(key, None)
             for key in [k for k in self._merged if k[2] is not None and want.get(k[2]) != k[3]]:
-                self._drop(self._merged.pop(key))
+                del self._merged[key]
             for key in [k for k in self._heads if want.get(k[0]) != k[1]]:
                 del self._heads[key]
-
-    def _drop(self, sess: ort.InferenceSession | None) -> None:
-        """Forget a session dropped from a cache (its layout goes with it: a batch still
-        running on it needs that)."""
-        if sess is not None:
-            self._inputs.pop(sess, None)
 
     # ------------------------------------------------------------------ tapped stages
 
@@ -424,7 +417,7 @@ class StageRuntime:
         while len(self._tapped) > TAPPED_SESSIONS_KEPT:
             victim = min((k for k in self._tapped if k != keep),
                          key=lambda k: self._tap_used.get(k, -1))
-            self._drop(self._tapped.pop(victim))
+            del self._tapped[victim]
             self._tap_used.pop(victim, None)
 
     def preload_taps(self) -> None:

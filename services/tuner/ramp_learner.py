@@ -49,18 +49,23 @@ class RampLearner:
         self.cfg = cfg
         self.heads = dict(sorted(heads.items()))
         self.versions = {r: (versions or {}).get(r, 0) for r in self.heads}
-        soft = classes if cfg.soft_temperature is not None else 0
-        self.buffers = {r: RampBuffer(cfg.refit.capacity, h.weight.shape[1], soft)
+        # soft targets need the temperature and the final logits' width
+        self.soft = cfg.soft_temperature is not None and classes > 0
+        self.buffers = {r: RampBuffer(cfg.refit.capacity, h.weight.shape[1],
+                                      classes if self.soft else 0)
                         for r, h in self.heads.items()}
         self.fed = 0    # sampled samples since the last round
         self.seen = 0   # sampled samples ever
 
-    def targets(self, final_pred: np.ndarray, final_logits: np.ndarray | None) -> np.ndarray:
-        """What the buffers learn: softmax targets when configured and the logits came
-        (else the final top-1)."""
-        if self.cfg.soft_temperature is not None and final_logits is not None:
-            return softmax(np.asarray(final_logits, np.float32) / self.cfg.soft_temperature)
-        return np.asarray(final_pred, np.int64)
+    def targets(self, final_pred: np.ndarray, final_logits: np.ndarray | None
+                ) -> np.ndarray | None:
+        """What the buffers learn: the final softmax at the configured temperature (None
+        when the logits did not come), else the final top-1."""
+        if not self.soft:
+            return np.asarray(final_pred, np.int64)
+        if final_logits is None:
+            return None
+        return softmax(np.asarray(final_logits, np.float32) / self.cfg.soft_temperature)
 
     def feed(self, features: dict[int, np.ndarray], final_pred: np.ndarray,
              final_logits: np.ndarray | None = None) -> bool:
@@ -68,9 +73,7 @@ class RampLearner:
         is due. Ramps this learner does not know are ignored; a ramp whose features have the
         wrong width raises ValueError."""
         y = self.targets(final_pred, final_logits)
-        if y.ndim == 2 and any(b.y.ndim == 1 for b in self.buffers.values()):
-            y = top1(y)  # buffers were made for hard labels
-        if y.ndim == 1 and any(b.y.ndim == 2 for b in self.buffers.values()):
+        if y is None:
             return False  # soft buffers and no logits: nothing to learn from here
         n = 0
         for r, x in features.items():
@@ -89,8 +92,9 @@ class RampLearner:
         buffer is too small, samples trained on, samples judged on)."""
         buf = self.buffers[ramp]
         candidate, verdict = propose(self.heads[ramp], buf, self.cfg.refit)
-        judged = max(1, round(len(buf) * self.cfg.refit.holdout)) if verdict else 0
-        return candidate, verdict, (len(buf) - judged if verdict else 0), judged
+        if verdict is None:
+            return None, None, 0, 0
+        return candidate, verdict, len(buf) - verdict.judged_on, verdict.judged_on
 
     def adopt(self, ramp: int, head: LinearHead, version: int | None = None) -> int:
         """``ramp`` serves ``head`` from now on, as ``version`` (default: the next); returns it."""

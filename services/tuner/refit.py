@@ -185,6 +185,7 @@ class Verdict:
     serving_calibration: float
     candidate_calibration: float
     reason: str
+    judged_on: int = 0  # held-back samples it was judged on
 
 
 def judge(serving: LinearHead, candidate: LinearHead, x: np.ndarray, y: np.ndarray,
@@ -200,14 +201,15 @@ def judge(serving: LinearHead, candidate: LinearHead, x: np.ndarray, y: np.ndarr
     if gained - lost < needed:
         why = (f"agreement {a_c:.3f} does not beat the serving {a_s:.3f} by {cfg.margin:.3f} "
                f"beyond chance ({gained} gained, {lost} lost)")
-        return Verdict(False, a_s, a_c, e_s, e_c, why)
+        return Verdict(False, a_s, a_c, e_s, e_c, why, len(labels))
     # a head that never learned (prepare --no-bootstrap: zero weights) says 1/K everywhere;
     # its calibration error is an accident of the class mix, nothing to stay close to
     if e_c > e_s + cfg.calibration_slack and serving.weight.any():
         why = f"calibration error {e_c:.3f} worse than the serving {e_s:.3f}"
-        return Verdict(False, a_s, a_c, e_s, e_c, why)
+        return Verdict(False, a_s, a_c, e_s, e_c, why, len(labels))
     return Verdict(True, a_s, a_c, e_s, e_c,
-                   f"agreement {a_s:.3f} -> {a_c:.3f}, calibration error {e_s:.3f} -> {e_c:.3f}")
+                   f"agreement {a_s:.3f} -> {a_c:.3f}, calibration error {e_s:.3f} -> {e_c:.3f}",
+                   len(labels))
 
 
 def propose(serving: LinearHead, buffer: RampBuffer, cfg: RefitConfig = RefitConfig()

@@ -193,8 +193,9 @@ class Worker:
     def _begin(self, inline: bool) -> None:
         if self.next_config is not None:  # between batches, never mid-batch
             old, self.config, self.next_config = self.config, self.next_config, None
-            if old.heads != self.config.heads:  # sessions of heads no config uses any more
-                self.runtime.forget_heads(self.config.heads)
+            if old.heads != self.config.heads:  # sessions of heads no config uses any more,
+                # dropped in a thread: it takes the lock a session build may hold
+                self.loop.run_in_executor(None, self.runtime.forget_heads, self.config.heads)
             self.log.info("exit config applied %s", logs.kv(
                 version=self.config.version,
                 heads=",".join(f"{r}:{f}" for r, f in sorted(self.config.heads.items()))))

@@ -1,6 +1,9 @@
 """Tapped stages (services/runtime/taps.py, ramp_tap.c): one runtime call whose native taps
 decide exits inside it, identical to the split stage; checked order; clear fallbacks."""
 
+import gc
+import weakref
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -255,5 +258,8 @@ def test_tapped_sessions_kept_are_bounded_least_recently_used_out(tiny_dir, monk
     c = rt.tapped((2,))                          # a third set evicts the least recent: (1,)
     assert c is not None and rt.tapped((0,)) is a and rt.tapped((2,)) is c
     assert {key[0] for key in rt._tapped} == {(0,), (2,)}
-    assert b not in rt._inputs                   # nothing else keeps the evicted one alive
-    assert rt.tapped((1,)) is not b              # built again when asked for
+    gone = weakref.ref(b)
+    del b
+    gc.collect()
+    assert gone() is None                        # nothing else keeps the evicted one alive
+    assert rt.tapped((1,)) is not None           # built again when asked for

@@ -122,9 +122,9 @@ def test_bad_head_file_names_are_refused_clearly(tiny_dir):
     (tiny_dir / "junk.onnx").write_bytes(b"not a model")
     act = np.zeros((1, load_head(tiny_dir, r).weight.shape[1]), np.float32)
     x = sample_inputs("tiny", 1, seed=0)
-    for bad, why in (("../" + r.file, "plain file name"), (f"sub/{r.file}", "plain file name"),
-                     ("..", "plain file name"), ("", "plain file name"),
-                     (str(tiny_dir / r.file), "plain file name"),
+    for bad, why in (("../" + r.file, "plain .onnx file name"), (f"sub/{r.file}", "plain .onnx file name"),
+                     ("..", "plain .onnx file name"), ("", "plain .onnx file name"),
+                     (str(tiny_dir / r.file), "plain .onnx file name"),
                      ("missing.onnx", "is not in"), ("junk.onnx", "cannot be loaded")):
         heads = {r.index: bad}
         with pytest.raises(ValueError, match=why):

@@ -86,10 +86,14 @@ class ReplayRefits:
                 if (head := self._round(k, i, t)) is not None]
 
     def _round(self, k: int, i: int, t: float) -> LinearHead | None:
+        """A refit of site ``k``; an accepted head is the learner's at once (as in the tuner,
+        which adopts it before the controller restarts the ramp), the view's on ``apply``."""
         t0 = time.perf_counter()
         candidate, verdict, _, _ = self.learner.propose(k)
         if verdict is None:
             return None
+        if candidate is not None:
+            self.learner.adopt(k, candidate)
         self.refit_ms.append((time.perf_counter() - t0) * 1e3)
         self.log.append({"sample": i, "t_s": t, "site": k, "accepted": verdict.accept,
                          "serving_agreement": verdict.serving_agreement,
@@ -108,5 +112,5 @@ class ReplayRefits:
         logits = head.logits(self.features.by_site[site][start:])
         self.view.ramp_pred[site, start:] = logits.argmax(axis=1)
         self.view.ramp_score[site, start:] = exit_score(logits, self.score_kind)
-        version = self.learner.adopt(site, head)
-        self.log.append({"sample": start, "site": site, "deployed_version": version})
+        self.log.append({"sample": start, "site": site,
+                         "deployed_version": self.learner.versions[site]})

@@ -26,11 +26,13 @@ import time
 import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from threadpoolctl import threadpool_limits
 
 from schemas import subjects
 from schemas.messages import ExitConfig, decode_map
 from schemas.telemetry import RampFeatures, SampleTelemetry
 from services.common import bus, logs
+from services.common.background import run_low
 from services.common.config import Config
 from services.common.service_loop import spawn
 from services.exits.exit_window import ExitWindow
@@ -198,8 +200,9 @@ class Tuner:
             accepted = []
             for ramp in sorted(tuner.learner.heads):
                 t0 = time.perf_counter()
+                # low priority: on a small machine a refit competes with serving for cores
                 head, verdict, trained, judged = await asyncio.to_thread(
-                    tuner.learner.propose, ramp)
+                    run_low, tuner.learner.propose, ramp)
                 if verdict is None:
                     continue
                 tuner.refit_ms.append((time.perf_counter() - t0) * 1e3)
@@ -307,6 +310,9 @@ class Tuner:
 
 async def serve(cfg: Config, stop: asyncio.Event) -> None:
     log = logs.setup("tuner", cfg.log_level)
+    # refits are small matrix products: one BLAS thread (at low priority, see run_low)
+    # instead of a pool on every core that serving needs
+    threadpool_limits(1)
     store = Store(cfg.database_url)
     nc = await bus.connect(cfg.nats_url or "nats://127.0.0.1:4222", "offramp-tuner")
     tuner = Tuner(nc, cfg, store, log)

@@ -63,7 +63,18 @@ def test_a_deployed_head_rescores_only_the_samples_not_yet_served():
     assert np.array_equal(refits.view.ramp_score[:, :1000], before[:, :1000])
     assert not np.array_equal(refits.view.ramp_score[0, 1000:], before[0, 1000:])
     assert np.array_equal(refits.view.ramp_score[1], before[1])
-    assert refits.versions == [1, 0]
+    assert refits.versions == [0, 0]  # the version counts when a round accepts a head
+
+
+def test_a_round_s_accepted_head_is_the_learner_s_before_it_is_served():
+    tr = shifted_trace()
+    refits = ReplayRefits(tr)
+    before = refits.view.ramp_score.copy()
+    accepted = [h for i in range(tr.n_samples) for h in refits.feedback(i, float(i))]
+    assert accepted, "the shifted trace gives refits something to gain"
+    site, head = accepted[-1]
+    assert refits.learner.heads[site] is head and refits.versions[site] >= 1
+    assert np.array_equal(refits.view.ramp_score, before)  # served only once applied
 
 
 def test_refit_needs_features_and_sane_plans():

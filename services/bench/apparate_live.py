@@ -49,8 +49,8 @@ from services.common import config as config_mod
 from services.common.stats import percentile
 from services.exits.latency_profile import LatencyProfile
 from services.launcher.exit_config import set_exit_config
-from services.launcher.supervisor import Deployment, Supervisor, prepare_state
-from services.loadgen.live import adaptive_run, stream_live
+from services.launcher.supervisor import prepare_state
+from services.loadgen.live import adaptive_run, running_stack, stream_live
 from services.runtime.manifest import Manifest
 from services.sim.replay import run_replay
 from services.sim.trace import Trace, TraceError, record_trace
@@ -81,20 +81,13 @@ def run(args: argparse.Namespace) -> int:
     static_t = replay["static"].extra["threshold"]
     ids = [int(i) for i in trace.meta["ramp_ids"]]
 
-    sup = Supervisor(cfg, Deployment((args.model,)), log_dir=cfg.home / "logs")
-    try:
-        url = sup.start()
-        say(f"bench: NATS at {url}; service logs in {cfg.home / 'logs'}")
-        sup.wait_ready()
-        runs = []
-        for k in range(args.repeat):
-            if args.repeat > 1:
-                say(f"run {k + 1} of {args.repeat}")
-            outcomes, deployed = _live_runs(cfg, sup, url, args.model, manifest, inputs,
-                                            arrival_s, static_t, ids, say)
-            runs.append(policy_docs(outcomes, deployed, trace, static_t))
-    finally:
-        sup.stop()
+    runs = []
+    for k in range(args.repeat):
+        if args.repeat > 1:
+            say(f"run {k + 1} of {args.repeat}")
+        outcomes, deployed = _live_runs(cfg, args.model, manifest, inputs, arrival_s,
+                                        static_t, ids, say)
+        runs.append(policy_docs(outcomes, deployed, trace, static_t))
     doc = report(runs, trace, replay, args, spec)
     doc["feedback_backlog"] = cfg.feedback_backlog
     doc["machine"] = machine()
@@ -163,23 +156,30 @@ def _replay(trace, arrival_s: np.ndarray, args: argparse.Namespace, backlog: int
                       feedback_backlog=backlog, climb=best_climb())
 
 
-def _live_runs(cfg, sup, url: str, model: str, manifest, inputs: list, arrival_s: np.ndarray,
+def _live_runs(cfg, model: str, manifest, inputs: list, arrival_s: np.ndarray,
                static_t: float, ids: list[int], say) -> tuple[dict[str, list], dict[str, Any]]:
-    """vanilla, static and offramp, one after the other on the running stack."""
-    def run(label: str) -> list:
-        return asyncio.run(stream_live(cfg, url, model, inputs, arrival_s, label))[1]
-
+    """vanilla, static and offramp one after the other on a stack whose workers publish no
+    ramp features, then offramp+refit on one whose workers do; every ramp on its prepared
+    head until a refit replaces it."""
+    prepared = [f"{r}=0" for r in ids]
     out: dict[str, list] = {}
-    set_exit_config(cfg, url, model, 0.0, [], "none", "bench apparate --live: vanilla")
-    out["vanilla"] = run("vanilla")
-    set_exit_config(cfg, url, model, static_t, [], ",".join(map(str, ids)),
-                    f"bench apparate --live: static, every ramp at {static_t:.4g} "
-                    "(tuned once on the first 10 % of the stream)")
-    out["static"] = run("static")
     deployed = {}
-    for name in ADAPTIVE:
-        out[name], deployed[name] = _adaptive(cfg, sup, url, manifest, inputs, arrival_s,
-                                              name, say)
+    with running_stack(cfg, model, say, features=False) as (sup, url):
+        def run(label: str) -> list:
+            return asyncio.run(stream_live(cfg, url, model, inputs, arrival_s, label))[1]
+
+        set_exit_config(cfg, url, model, 0.0, [], "none", "bench apparate --live: vanilla",
+                        prepared)
+        out["vanilla"] = run("vanilla")
+        set_exit_config(cfg, url, model, static_t, [], ",".join(map(str, ids)),
+                        f"bench apparate --live: static, every ramp at {static_t:.4g} "
+                        "(tuned once on the first 10 % of the stream)", prepared)
+        out["static"] = run("static")
+        out["offramp"], deployed["offramp"] = _adaptive(cfg, sup, url, manifest, inputs,
+                                                        arrival_s, "offramp", say)
+    with running_stack(cfg, model, say, features=True) as (sup, url):
+        out[REFIT], deployed[REFIT] = _adaptive(cfg, sup, url, manifest, inputs, arrival_s,
+                                                REFIT, say)
     return out, deployed
 
 

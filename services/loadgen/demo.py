@@ -15,8 +15,8 @@ import numpy as np
 from services.common import config as config_mod
 from services.exits.latency_profile import LatencyProfile
 from services.launcher.exit_config import set_exit_config
-from services.launcher.supervisor import Deployment, Supervisor, prepare_state
-from services.loadgen.live import adaptive_run, stream_live
+from services.launcher.supervisor import prepare_state
+from services.loadgen.live import adaptive_run, running_stack, stream_live
 from services.runtime.manifest import Manifest
 from services.workloads.arrivals import light_load, stream_arrivals
 from services.workloads.frames import image_input, iter_video_frames, parse_scene_frames
@@ -46,7 +46,7 @@ def demo_load(concurrency: int | None, arrivals: str | None, full_ms: float
 
 def run(args: argparse.Namespace) -> int:
     cfg = replace(config_mod.load(), models=(args.model,))
-    say = lambda m: print(m, file=sys.stderr)
+    say = lambda m: print(f"demo: {m}", file=sys.stderr)
     try:
         # typos fail before any waiting
         scenes = None if args.scene_frames is None else parse_scene_frames(args.scene_frames)
@@ -69,27 +69,20 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    sup = Supervisor(cfg, Deployment((args.model,)), log_dir=cfg.home / "logs")
-    deployment: dict = {}
-    try:
-        url = sup.start()
-        say(f"demo: NATS at {url}; service logs in {cfg.home / 'logs'}")
-        sup.wait_ready()
-
+    with running_stack(cfg, args.model, say, features=False) as (_, url):
         set_exit_config(cfg, url, args.model, 0.0, [], "none", "demo: vanilla run (no ramps)")
         vanilla, _ = asyncio.run(stream_live(cfg, url, args.model, inputs, arrival_s,
                                              "vanilla", concurrency))
-        # The adaptive run starts where a fresh deployment does: evenly spaced ramps within
-        # the budget, thresholds 0; the tuner takes it from there on live feedback.
+    # The adaptive run starts where a fresh deployment does: evenly spaced ramps within the
+    # budget, thresholds 0, prepared heads; the tuner takes it from there on live feedback,
+    # refitting ramp heads from the features the workers publish.
+    with running_stack(cfg, args.model, say, features=True) as (sup, url):
         adaptive, _, active = adaptive_run(cfg, sup, url, manifest, inputs, arrival_s, "demo",
                                            concurrency)
-        prof = LatencyProfile.from_manifest(manifest)
-        deployment = {"active": active, "ramp_budget": cfg.ramp_budget,
-                      "full_ms": prof.full_ms,
-                      "cheapest_ramp_ms": float(prof.ramp_cost_ms.min()) if prof.n_sites else None,
-                      "ramp_serving": manifest.meta.get("ramp_serving", "split")}
-    finally:
-        sup.stop()
+    prof = LatencyProfile.from_manifest(manifest)
+    deployment = {"active": active, "ramp_budget": cfg.ramp_budget, "full_ms": prof.full_ms,
+                  "cheapest_ramp_ms": float(prof.ramp_cost_ms.min()) if prof.n_sites else None,
+                  "ramp_serving": manifest.meta.get("ramp_serving", "split")}
     summary = {"model": args.model, "requests": args.requests, "seed": seed,
                "concurrency": concurrency, "arrivals": arrivals,
                "scene_frames": None if scenes is None else f"{scenes[0]}:{scenes[1]}",
@@ -154,7 +147,8 @@ def _print_summary(s: dict) -> None:
     print(f"  {'':<{w}}  {'vanilla':>14}  {'offramp':>14}  {'change':>8}")
     for k, a, b, c in rows:
         print(f"  {k:<{w}}  {a:>14}  {b:>14}  {c:>8}")
-    print("  (offramp = the initial deployment + the tuner adapting thresholds and ramps live; "
+    print("  (offramp = the initial deployment + the tuner adapting thresholds and ramps and "
+          "refitting ramp heads live; "
           "accuracy constraint 1%; latency: at the client, end to end; serving: the router's "
           "record, from receiving a request to learning its answer)")
     d = s.get("deployment") or {}

@@ -7,6 +7,9 @@ import asyncio
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import numpy as np
@@ -15,9 +18,27 @@ from services.common import bus
 from services.common.stats import percentile
 from services.exits.initial import initial_ramps
 from services.launcher.exit_config import set_exit_config
-from services.launcher.supervisor import Supervisor
+from services.launcher.supervisor import Deployment, Supervisor
 from services.loadgen.drive import Progress, attach_serving, await_config, drive, drive_open
 from services.store.repository import Store
+
+
+@contextmanager
+def running_stack(cfg, model: str, say, features: bool) -> Iterator[tuple[Supervisor, str]]:
+    """The embedded stack serving ``model`` (its NATS URL with it); ``features``: workers
+    publish ramp features for refits at the configured rate, else none, so a baseline does
+    not pay for what only the learning loop uses."""
+    if not features:
+        cfg = replace(cfg, ramp_feature_rate=0.0)
+    sup = Supervisor(cfg, Deployment((model,)), log_dir=cfg.home / "logs")
+    try:
+        url = sup.start()
+        say(f"NATS at {url}; service logs in {cfg.home / 'logs'}"
+            + ("" if features else " (no ramp features)"))
+        sup.wait_ready()
+        yield sup, url
+    finally:
+        sup.stop()
 
 
 def adaptive_run(cfg, sup: Supervisor, url: str, manifest, inputs: list,

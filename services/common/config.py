@@ -42,9 +42,10 @@ class Config:
     feedback_backlog: int = 8
     inline_ms: float = 5.0
     tuner_native: bool = True
-    # share of samples whose pooled ramp features a last-stage worker publishes for online
-    # ramp refits (0: no features, no refits), at most ramp_feature_max_per_s per worker
-    ramp_feature_rate: float = 0.5
+    # share of batches whose pooled ramp features a last-stage worker computes and publishes
+    # for online ramp refits (0: no features, no refits), at most ramp_feature_max_per_s
+    # samples per worker; 0.25 keeps their cost (~6 % of a batch) within the 2 % ramp budget
+    ramp_feature_rate: float = 0.25
     ramp_feature_max_per_s: float = 200.0
     refit: bool = True  # the tuner refits ramp heads from the features (needs a rate > 0)
 
@@ -156,7 +157,7 @@ def _load() -> Config:
         feedback_backlog=_non_negative("OFFRAMP_FEEDBACK_BACKLOG", "8"),
         inline_ms=_non_negative_float("OFFRAMP_INLINE_MS", "5"),
         tuner_native=_env("OFFRAMP_TUNER_NATIVE", "1") != "0",
-        ramp_feature_rate=_fraction("OFFRAMP_RAMP_FEATURE_RATE", "0.5"),
+        ramp_feature_rate=_fraction("OFFRAMP_RAMP_FEATURE_RATE", "0.25"),
         ramp_feature_max_per_s=_non_negative_float("OFFRAMP_RAMP_FEATURE_MAX_PER_S", "200"),
         refit=_env("OFFRAMP_REFIT", "1") != "0",
     )

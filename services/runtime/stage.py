@@ -103,7 +103,7 @@ def as_numpy(x: np.ndarray | ort.OrtValue) -> np.ndarray:
 class _TapStage:
     data: bytes                   # the assembled stage, serialized
     facts: object                 # taps.StageFacts
-    names: list[frozenset[str]]   # node names per block
+    names: list[frozenset[str]]   # node names per block (and their outputs', see _node_names)
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,13 @@ _PLAIN = _Layout()
 TapKey = tuple[tuple[int, ...], tuple[str, ...], bool]
 # a merged range: (start, end, fused ramp, its head file, with features)
 MergeKey = tuple[int, int, int | None, str | None, bool]
+
+
+def _node_names(block) -> set[str]:
+    """What a block's nodes may be called in a runtime profile: their names, and their
+    output tensors' (the names ONNX Runtime's NCHWc transformer derives for the nodes it
+    rewrites)."""
+    return {n.name for n in block.graph.node} | {o for n in block.graph.node for o in n.output}
 
 
 class StageRuntime:
@@ -508,7 +515,7 @@ class StageRuntime:
             parts = [onnx.load(str(self.model_dir / b.file)) for b in blocks]
             stage = assemble(parts, 0, len(parts))
             self._tap_base = _TapStage(stage.SerializeToString(), taps.StageFacts.of(stage),
-                                       [frozenset(n.name for n in p.graph.node) for p in parts])
+                                       [frozenset(_node_names(p)) for p in parts])
         return self._tap_base
 
     def dummy_feeds(self, sess: ort.InferenceSession) -> dict[str, np.ndarray]:

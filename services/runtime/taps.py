@@ -246,9 +246,11 @@ def site_features(stage: StageFacts, sites: Sequence[tuple[int, str, onnx.ModelP
     each) adds to a graph, as a ModelProto to merge into it: outputs ``feature_output(ramp)``
     in that order, each the input of the head's linear layer. A ramp in ``fused`` (ramp ->
     that tensor: its whole head is in the graph already) exposes it; any other site gets
-    its head's pooling alone, names prefixed ``feat{ramp}/`` (a GlobalAveragePool for a
-    CNN: ``pool_in_layout``, whose output [batch, C, 1, 1] is left for the reader to
-    flatten). Its opsets must equal the graph's (a ReduceMean changed)."""
+    its head's pooling alone, names prefixed ``feat{ramp}/``, as the head file has it (not
+    ``pool_in_layout``: ONNX Runtime adds a blocked-layout pooling as a new node at the end of
+    its order, a leaf it then runs first, with every block before it, so the taps ran late;
+    a head that pools and flattens leaves [batch, C, 1, 1] for the reader to flatten). Its
+    opsets must equal the graph's (a ReduceMean changed)."""
     ext = onnx.ModelProto()
     g = ext.graph
     opsets = dict(stage.opsets)
@@ -259,7 +261,7 @@ def site_features(stage: StageFacts, sites: Sequence[tuple[int, str, onnx.ModelP
             if site not in stage.tensors:
                 raise ValueError(f"ramp {ramp}: site tensor {site!r} is not in the graph")
             prefix = f"feat{ramp}/"
-            h = bind_head(pool_in_layout(head_pooling(head)), prefix, site)
+            h = bind_head(head_pooling(head), prefix, site)
             if h.nodes:
                 _check_opsets(ramp, h, opsets, exact=True)
             src = features_name(head, prefix, site)
@@ -321,12 +323,18 @@ def profile_into(so, folder: str) -> None:
     so.profile_file_prefix = os.path.join(folder, "tapped")
 
 
+def _source_name(node: str) -> str:
+    """The source graph's name of a profiled node: ONNX Runtime's blocked-layout (NCHWc)
+    transformer runs a node under its name + ``_nchwc``."""
+    return node.removesuffix("_nchwc")
+
+
 def verify_order(sess, feeds: dict[str, np.ndarray], ramps: Sequence[int],
                  later_nodes: dict[int, set[str]]) -> OrderCheck:
     """Run a tapped session built with ``profile_into`` once and check that every tap ran
     on the calling thread, in ramp order, before any node of the blocks after its site
-    (``later_nodes[ramp]``: names of those nodes in the source graph; nodes the optimizer
-    renamed are not checked). Ends the profiling: the session then serves as usual."""
+    (``later_nodes[ramp]``: names of those nodes in the source graph, also under the names
+    the NCHWc transformer gives them; nodes the optimizer renamed otherwise are not checked). Ends the profiling: the session then serves as usual."""
     batch = next(iter(feeds.values())).shape[0] if feeds else 1
     _, reported = run_with_taps(lambda: sess.run(None, feeds), tap_plan((), "max_softmax"),
                                 np.full(batch, -1, np.int32), report_all=True)
@@ -344,7 +352,8 @@ def verify_order(sess, feeds: dict[str, np.ndarray], ramps: Sequence[int],
         tap = tap_node(r)
         if tap not in names:
             return OrderCheck(False, f"the profile shows no run of {tap}")
-        early = [n for n in names[: names.index(tap)] if n in later_nodes.get(r, set())]
+        later = later_nodes.get(r, set())
+        early = [n for n in names[: names.index(tap)] if _source_name(n) in later]
         if early:
             return OrderCheck(False, f"{len(early)} nodes after ramp {r}'s site ran before its "
                               f"tap (first: {early[0]})")

@@ -32,7 +32,7 @@ class RefitPlan:
     """How the replay feeds and runs refits."""
 
     cfg: RefitConfig = field(default_factory=RefitConfig)
-    feature_rate: float = 0.5          # share of samples whose features come back
+    feature_rate: float = 0.25         # share of samples whose features come back (as live)
     every: int = 64                    # sampled samples between refit rounds
     soft_temperature: float | None = None  # softmax targets at this temperature (else top-1)
     seed: int = 0                      # which samples are sampled

@@ -123,3 +123,20 @@ def test_warm_builds_what_a_config_with_features_needs(tiny_dir):
     split = StageRuntime(tiny_dir, m, 0, m.num_blocks, device="cpu", use_taps=False)
     split.warm([1], None, features=True)
     assert {k[:3] for k in split._merged if k[4]} == {(0, 2, 1), (2, 4, None)}
+
+
+def test_features_keep_each_tap_in_place_and_a_late_tap_is_caught(zoo_dir, monkeypatch):
+    """Feature outputs must not pull later blocks ahead of a tap (an early answer would
+    wait for the whole stage). A blocked-layout pooling of the inactive sites did exactly
+    that on EfficientNet; the order check sees it through the runtime's renamed nodes."""
+    from services.runtime import onnx_blocks, taps
+
+    d = zoo_dir / "efficientnet-lite0"
+    m = Manifest.load(d)
+    rt = StageRuntime(d, m, 0, m.num_blocks, device="cpu")
+    assert rt.tapped((2, 3, 5), None, True) is not None, rt.tap_notes
+    monkeypatch.setattr(taps, "head_pooling",
+                        lambda head: taps.pool_in_layout(onnx_blocks.head_pooling(head)))
+    late = StageRuntime(d, m, 0, m.num_blocks, device="cpu")
+    assert late.tapped((2, 3, 5), None, True) is None
+    assert any("ran before its tap" in n for n in late.tap_notes), late.tap_notes

@@ -89,17 +89,18 @@ class ReplayRefits:
         """A refit of site ``k``; an accepted head is the learner's at once (as in the tuner,
         which adopts it before the controller restarts the ramp), the view's on ``apply``."""
         t0 = time.perf_counter()
-        candidate, verdict, _, _ = self.learner.propose(k)
-        if verdict is None:
+        got = self.learner.propose(k)
+        if got.verdict is None:
             return None
-        if candidate is not None:
-            self.learner.adopt(k, candidate)
+        if got.head is not None:
+            self.learner.adopt(k, got.head, got.version)
         self.refit_ms.append((time.perf_counter() - t0) * 1e3)
-        self.log.append({"sample": i, "t_s": t, "site": k, "accepted": verdict.accept,
-                         "serving_agreement": verdict.serving_agreement,
-                         "candidate_agreement": verdict.candidate_agreement,
-                         "reason": verdict.reason})
-        return candidate
+        self.log.append({"sample": i, "t_s": t, "site": k, "accepted": got.head is not None,
+                         "returned_to": got.version,
+                         "serving_agreement": got.verdict.serving_agreement,
+                         "candidate_agreement": got.verdict.candidate_agreement,
+                         "reason": got.verdict.reason})
+        return got.head
 
     def evidence(self) -> ExitWindow | None:
         """The newest sampled inputs as every site's current head sees them (what the

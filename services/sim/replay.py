@@ -301,12 +301,12 @@ def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
             refits.served(i)
         return inner(i)
 
-    def deploy_at(t: float, d: TunerDecision, head: tuple | None = None) -> tuple:
+    def deploy_at(t: float, d: TunerDecision, heads: list | None = None) -> tuple:
         cfg = (d.active, d.thresholds)
 
         def apply() -> None:
-            if head is not None:
-                refits.apply(*head)
+            for site, head in heads or ():
+                refits.apply(site, head)
             if d.changed:
                 deployed["cfg"] = cfg
         return t + delay_s, apply
@@ -327,11 +327,11 @@ def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
             decisions.append(_decided(d, i, t))
             if d.changed:
                 out.append(deploy_at(t, d))
-        for site, head in refits.feedback(i, t) if refits is not None else ():
-            d = controller.head_changed(site)
+        if heads := (refits.feedback(i, t) if refits is not None else []):
+            d = controller.head_changed([site for site, _ in heads])
             raw.append(d)
             decisions.append(_decided(d, i, t))
-            out.append(deploy_at(t, d, (site, head)))
+            out.append(deploy_at(t, d, heads))
         return out
 
     lat, ans, site = event_loop(view, arrivals, serve, done, backlog)

@@ -54,7 +54,7 @@ Scores follow ``services.exits.scores`` (lower = more confident, exit iff score 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -280,22 +280,36 @@ class ExitController:
         return None
 
     # ------------------------------------------------------------------ decisions
-    def head_changed(self, site: int) -> TunerDecision:
-        """Ramp ``site`` now serves a new head (an online refit): its scores moved, so what
-        was recorded of it no longer says what it will do. Its records are dropped; an active
-        ramp restarts at threshold 0 (it exits nothing until a tune has seen the new head)
-        and is judged like a trial by the next adjust round; a site held back by failures of
-        its old head gets a fresh chance."""
-        self.profile.check_sites([site])
-        self._segs = [_without(seg, site) for seg in self._segs]
-        self.deactivated_at.pop(site, None)
-        self.failures.pop(site, None)
-        if site in self.active:
-            self.trials.add(site)
-        th = tuple(0.0 if r == site else t for r, t in zip(self.active, self.thresholds))
-        return self._decision("refit", Trigger("refit", self.seen), "refit",
-                              f"ramp {site} serves a refitted head: its threshold restarts at 0",
-                              self.active, th, 0, None)
+    def head_changed(self, sites: Iterable[int]) -> TunerDecision:
+        """Ramps ``sites`` now serve new heads (one refit round): their scores moved, so what
+        was recorded of them no longer says what they will do. Their records are dropped and
+        sites held back by failures of their old heads get a fresh chance. With evidence
+        (recent inputs every site's current head scored) the active set and its thresholds
+        are chosen on it at once, as an adjust round would, instead of a round later;
+        without, a changed active ramp restarts at threshold 0 (it exits nothing until a
+        tune has seen its new head). Either way a changed active ramp is judged like a
+        trial by the next adjust round."""
+        sites = sorted({int(s) for s in sites})
+        self.profile.check_sites(sites)
+        for site in sites:
+            self._segs = [_without(seg, site) for seg in self._segs]
+            self.deactivated_at.pop(site, None)
+            self.failures.pop(site, None)
+        trigger = Trigger("refit", self.seen)
+        ev = self.evidence() if self.evidence is not None else None
+        if ev is not None and ev.n_samples >= MIN_EVIDENCE:
+            c = choose_active(ev, self.profile, self.active, self.budget, self.tune_constraint,
+                              self.climb)
+            self.trials |= set(sites) & set(c.active)
+            return self._decision("refit", trigger, "refit", f"ramps {sites} serve refitted "
+                                  f"heads; {c.reason}", c.active, c.thresholds, ev.n_samples,
+                                  c.savings_ms,
+                                  deactivated=tuple(sorted(set(self.active) - set(c.active))),
+                                  added=tuple(sorted(set(c.active) - set(self.active))))
+        self.trials |= set(sites) & set(self.active)
+        th = tuple(0.0 if r in sites else t for r, t in zip(self.active, self.thresholds))
+        return self._decision("refit", trigger, "refit", f"ramps {sites} serve refitted "
+                              "heads: their thresholds restart at 0", self.active, th, 0, None)
 
     def step(self, trigger: Trigger) -> TunerDecision:
         """Run one due trigger and deploy its result."""
@@ -497,3 +511,4 @@ def _without(seg: tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray], si
         return seg
     keep = [k for k, r in enumerate(ids) if r != site]
     return tuple(ids[k] for k in keep), pred[keep], score[keep], final
+

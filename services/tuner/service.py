@@ -8,8 +8,10 @@ between batches.
 The tuner also refits ramp heads online (``ramp_learner``, ``refit``): sampled pooled
 features from workers (``offramp.features.<model>``) fill per-ramp buffers; a refit round
 runs in a thread every few dozen samples; an accepted head is written as a new versioned
-file, recorded in ``ramp_heads``, and deployed in the next config, where the controller
-treats it like a ramp trial (threshold restarts at 0). It lives here, not in the profiler,
+file, recorded in ``ramp_heads``, and deployed in the next config; a head the ramp served
+before may come back instead (``RampLearner.propose``). The controller then chooses the
+active set and thresholds on recent inputs as the new heads score them, and treats a changed
+active ramp like a trial. It lives here, not in the profiler,
 because a new head changes what the controller must do next: the two act on one lock and
 one config version sequence. Ramp-adjustment utilities go to ``ramp_utilities`` and the controller's
 state to ``tuner_state`` after every decision, so a restarted tuner resumes with the same
@@ -142,9 +144,11 @@ class Tuner:
                  for r in tuner.manifest.ramps}
         temperature = soft_temperature(str(tuner.manifest.meta.get("recipe", "")))
         classes = int(tuner.manifest.classes) if temperature is not None else 0
+        prepared = {r.index: load_head(model_dir, r, None) for r in tuner.manifest.ramps
+                    if r.index in tuner.heads}
         tuner.learner = RampLearner(
             heads, LearnerConfig(soft_temperature=temperature), classes=classes,
-            versions={r: head_version(f) for r, f in tuner.heads.items()})
+            versions={r: head_version(f) for r, f in tuner.heads.items()}, prepared=prepared)
         stored = self.store.ramp_heads(tuner.name)
         tuner.next_version = {r: 1 + max([h["version"] for h in stored if h["ramp"] == r],
                                          default=0) for r in heads}
@@ -201,14 +205,17 @@ class Tuner:
             for ramp in sorted(tuner.learner.heads):
                 t0 = time.perf_counter()
                 # low priority: on a small machine a refit competes with serving for cores
-                head, verdict, trained, judged = await asyncio.to_thread(
-                    run_low, tuner.learner.propose, ramp)
-                if verdict is None:
+                got = await asyncio.to_thread(run_low, tuner.learner.propose, ramp)
+                if got.verdict is None:
                     continue
                 tuner.refit_ms.append((time.perf_counter() - t0) * 1e3)
-                if head is not None:
-                    accepted.append(await self._save_head(tuner, ramp, head, verdict,
-                                                          trained, judged))
+                if got.head is None:
+                    continue
+                if got.version is None:
+                    accepted.append(await self._save_head(tuner, ramp, got.head, got.verdict,
+                                                          got.trained, got.judged))
+                else:
+                    accepted.append(await self._returned_head(tuner, ramp, got))
             if accepted:
                 await self._deploy_heads(tuner, accepted)
         finally:
@@ -233,14 +240,30 @@ class Tuner:
             refit_ms=round(tuner.refit_ms[-1], 1) if tuner.refit_ms else None))
         return ramp, head, version, file
 
+    async def _returned_head(self, tuner: ModelTuner, ramp: int, got
+                             ) -> tuple[int, object, int, str | None]:
+        """A head ``ramp`` served before, back under its version and file (None: the
+        prepared head)."""
+        file = None
+        if got.version:
+            stored = await asyncio.to_thread(self.store.ramp_heads, tuner.name)
+            file = next(h["file"] for h in stored
+                        if h["ramp"] == ramp and h["version"] == got.version)
+        self.log.info("ramp head returned %s", logs.kv(
+            model=tuner.name, ramp=ramp, version=got.version, file=file or "prepared",
+            judged_on=got.judged, why=got.verdict.reason))
+        return ramp, got.head, got.version, file
+
     async def _deploy_heads(self, tuner: ModelTuner, accepted: list) -> None:
         """One config for every head a round accepted; each ramp restarts as a trial."""
         async with self.lock:
-            d = None
             for ramp, head, version, file in accepted:
                 tuner.learner.adopt(ramp, head, version)
-                tuner.heads[ramp] = file
-                d = tuner.controller.head_changed(ramp)
+                if file is None:
+                    tuner.heads.pop(ramp, None)
+                else:
+                    tuner.heads[ramp] = file
+            d = tuner.controller.head_changed([ramp for ramp, *_ in accepted])
             await self._deploy(tuner, d, 0.0, heads_changed=True)
             for ramp, *_ in accepted:
                 tuner.head_since[ramp] = tuner.deployed

@@ -91,8 +91,8 @@ def test_refits_are_judged_stored_and_deployed(env):
             if s == subjects.exit_config(MODEL)]
     assert sent[-1].heads == latest.heads and sent[-1].version == latest.version
     assert all(mt.head_since[r] <= latest.version for r in newest)
-    # a changed ramp restarts at threshold 0: nothing exits on an unjudged head
-    assert all(latest.thresholds[r] == 0.0 for r in newest)
+    # the set and thresholds were chosen on recent inputs as the new heads score them
+    assert "serve refitted heads" in latest.reason
 
     again = _tuner(env).models[MODEL]  # a restart resumes the heads in force
     assert again.heads == latest.heads
@@ -159,3 +159,28 @@ def test_the_tuner_adopts_a_pinned_head_set_by_hand(env):
     np.testing.assert_array_equal(mt.learner.heads[r].weight,
                                   load_head(env.models_dir / MODEL, manifest.ramp(r)).weight)
     assert mt.learner.versions[r] == 0 and mt.head_since[r] == row.version
+
+
+def test_a_ramp_returns_to_its_prepared_head_when_the_stream_does(env):
+    manifest = Manifest.load(env.models_dir / MODEL)
+    tuner = _tuner(env)
+    mt = tuner.models[MODEL]
+    asyncio.run(_feed(tuner, _feature_msgs(env.models_dir, manifest, 6)))
+    r = manifest.ramps[0].index
+    assert r in mt.heads, "the first ramp was not refitted"
+    stored = [h for h in env.store.ramp_heads(MODEL) if h["ramp"] == r]
+    prepared = load_head(env.models_dir / MODEL, manifest.ramp(r))
+    rng = np.random.default_rng(9)
+    msgs = []
+    for m in range(2):  # what the prepared head of ramp r says is what the final model says
+        feats = [rng.normal(0, 1, (64, h.weight.shape[1])).astype(np.float32)
+                 for h in mt.learner.heads.values()]
+        y = prepared.logits(feats[0]).argmax(1).astype(np.int32)
+        msgs.append(SimpleNamespace(data=RampFeatures(
+            MODEL, "w", 1, [f"b{m}-{i}" for i in range(64)], list(mt.learner.heads), feats, y,
+            None, 0.0).encode()))
+    asyncio.run(_feed(tuner, msgs))
+    latest = env.store.latest_exit_config(MODEL)
+    assert r not in latest.heads and r not in mt.heads  # served from the prepared file again
+    assert mt.learner.versions[r] == 0 and mt.head_since[r] == latest.version
+    assert [h for h in env.store.ramp_heads(MODEL) if h["ramp"] == r] == stored  # no new file

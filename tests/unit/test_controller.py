@@ -253,7 +253,7 @@ def test_a_ramp_that_pays_its_way_starts_its_backoff_afresh() -> None:
 def test_a_refitted_head_restarts_its_ramp_at_threshold_zero() -> None:
     c = ctl(active=(1, 3), thresholds=(0.4, 0.5))
     c.observe(batch((1, 3), 40, seed=3))
-    d = c.head_changed(3)
+    d = c.head_changed([3])
     assert (d.kind, d.action, d.changed, d.version) == ("refit", "refit", True, 1)
     assert c.thresholds == (0.4, 0.0) and d.thresholds == (0.4, 0.0)
     assert 3 in c.trials                               # judged like a trial next round
@@ -266,8 +266,23 @@ def test_a_refitted_head_restarts_its_ramp_at_threshold_zero() -> None:
 def test_a_refit_of_an_inactive_site_clears_its_record_and_back_off() -> None:
     c = ctl(active=(1,), thresholds=(0.4,))
     c.failures[2], c.deactivated_at[2] = 3, 5
-    d = c.head_changed(2)
+    d = c.head_changed([2])
     assert not d.changed and c.version == 0 and c.thresholds == (0.4,)
     assert 2 not in c.failures and 2 not in c.deactivated_at
     with pytest.raises(ValueError):
-        c.head_changed(9)
+        c.head_changed([9])
+
+
+def test_with_evidence_refitted_heads_get_their_set_and_thresholds_at_once() -> None:
+    ev = {"w": None}
+    c = ctl(active=(1, 3), thresholds=(0.4, 0.5), evidence=lambda: ev["w"])
+    c.observe(batch((1, 3), 40, seed=3))
+    ev["w"] = batch((1, 2, 3), 200, seed=5)  # every site's current head on recent inputs
+    d = c.head_changed([1, 3])
+    assert d.kind == "refit" and d.tuned_on == 200 and d.changed
+    assert c.active and all(t > 0 for t in c.thresholds)  # no restart from 0
+    assert meets(evaluate(ev["w"].select(list(c.active)), PROFILE, c.thresholds), 0.01)
+    assert set(c.active) & {1, 3} <= c.trials
+    ev["w"] = batch((1, 2, 3), 40, seed=5)  # too little evidence: thresholds restart at 0
+    d = c.head_changed([c.active[0]])
+    assert d.thresholds[0] == 0.0

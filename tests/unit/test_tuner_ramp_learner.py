@@ -23,7 +23,7 @@ def _setup(seed: int = 0):
 
 
 def _batch(rng, means, n):
-    y = rng.integers(0, K, n)
+    y = rng.integers(0, len(means), n)
     return (means[y] + rng.normal(0, 0.5, (n, C))).astype(np.float32), y
 
 
@@ -35,8 +35,8 @@ def test_a_round_is_due_every_so_many_samples_and_deploys_a_better_head():
         x, y = _batch(rng, new, 30)
         dues.append(learner.feed({3: x}, y))
     assert dues == [False, False, False, True, False, False, True, False, False, True]
-    candidate, verdict, trained, judged = learner.propose(3)
-    assert verdict is not None and verdict.accept and candidate is not None
+    candidate, verdict, trained, judged, version = learner.propose(3)
+    assert verdict is not None and verdict.accept and candidate is not None and version is None
     assert trained + judged == len(learner.buffers[3]) and judged == round(0.25 * trained / 0.75)
     assert learner.adopt(3, candidate) == 1 and learner.heads[3] is candidate
     assert learner.adopt(3, head, version=7) == 7
@@ -47,7 +47,7 @@ def test_a_small_buffer_gives_no_verdict_and_unknown_ramps_are_ignored():
     learner = RampLearner({0: head}, LearnerConfig(every=1))
     x, y = _batch(rng, new, 10)
     assert learner.feed({0: x, 5: x}, y)
-    assert learner.propose(0) == (None, None, 0, 0)
+    assert learner.propose(0) == (None, None, 0, 0, None)
     with pytest.raises(ValueError):
         learner.feed({0: x[:, :3]}, y)
 
@@ -105,3 +105,35 @@ def test_feedback_scored_by_an_older_head_is_left_out():
     w = window_of(t, {1: 6})  # ramp 1's new head came with config 6: these rows are stale
     assert w.ramp_ids == (0,) and np.array_equal(w.pred[0], np.zeros(n))
     assert window_of(t, {1: 5}).ramp_ids == (0, 1)
+
+
+def test_a_ramp_returns_to_the_head_it_served_when_its_scene_comes_back():
+    rng, _, head = _setup()
+    seen = head.weight / 2  # class means the prepared head reads right
+    learner = RampLearner({3: head}, LearnerConfig(RefitConfig(min_samples=64), every=64))
+    # a head fitted to another scene, where the final model answered these inputs otherwise
+    fitted = LinearHead(np.roll(head.weight, 1, axis=0), np.roll(head.bias, 1))
+    assert learner.adopt(3, fitted) == 1
+    for _ in range(4):
+        x, y = _batch(rng, seen, 64)
+        learner.feed({3: x}, np.roll(np.arange(K), -1)[y])  # what the fitted head says
+    assert learner.propose(3).head is None  # the serving head is right: nothing to change
+    x, y = _batch(rng, seen, 64)  # the first scene is back
+    assert (fitted.logits(x).argmax(1) != y).mean() > 0.5
+    learner.feed({3: x}, y)
+    back = learner.propose(3)
+    assert (back.head, back.version, back.trained) == (head, 0, 0) and back.verdict.accept
+    assert back.judged == 64  # judged on what was fed since the last round
+    assert learner.adopt(3, back.head, back.version) == 0
+    assert set(learner.returnable(3)) == {1}  # the fitted one may come back in turn
+
+
+def test_earlier_heads_are_bounded_and_the_prepared_one_always_returnable():
+    _, _, head = _setup()
+    other = LinearHead(head.weight + 1, head.bias)
+    learner = RampLearner({0: other}, LearnerConfig(keep=2), versions={0: 4},
+                          prepared={0: head})
+    for _ in range(5):
+        learner.adopt(0, LinearHead(head.weight - 1, head.bias))
+    assert learner.versions[0] == 9
+    assert sorted(learner.returnable(0)) == [0, 7, 8]

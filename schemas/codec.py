@@ -87,8 +87,25 @@ def pack(obj: Any) -> bytes:
 
 def unpack(data: bytes) -> Any:
     try:
-        return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+        obj = msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
     except CodecError:
         raise
     except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad input
         raise CodecError(f"not valid msgpack: {exc.__class__.__name__}: {exc}") from None
+    _refuse_timestamps(obj)
+    return obj
+
+
+def _refuse_timestamps(obj: Any) -> None:
+    """msgpack decodes extension type -1 (timestamp) itself, without the ext hook; the
+    contract refuses it like every extension type but 1."""
+    if isinstance(obj, msgpack.Timestamp):
+        raise CodecError("unknown msgpack extension type -1")
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _refuse_timestamps(k)
+            _refuse_timestamps(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            if isinstance(v, dict | list | msgpack.Timestamp):
+                _refuse_timestamps(v)

@@ -24,7 +24,7 @@ FLOATS = "f"
 _KIND_NAMES = {INTS: "integers", FLOATS: "floats"}
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     if type(value) is int:  # what msgpack gives: skip the slow ABC check
         return True
     return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
@@ -73,7 +73,7 @@ class FieldReader:
         return self._typed(name, default, lambda v: isinstance(v, str), "a string", str)
 
     def integer(self, name: str, default: Any = REQUIRED) -> int:
-        return self._typed(name, default, _is_int, "an integer", int)
+        return self._typed(name, default, is_int, "an integer", int)
 
     def number(self, name: str, default: Any = REQUIRED) -> float:
         return self._typed(name, default, _is_number, "a number", float)
@@ -96,7 +96,7 @@ class FieldReader:
 
     def integers(self, name: str) -> list[int]:
         value = self._array(name)
-        if not all(_is_int(v) for v in value):
+        if not all(is_int(v) for v in value):
             raise self._wrong(name, "an array of integers", value)
         return [int(v) for v in value]
 
@@ -122,7 +122,7 @@ class FieldReader:
     def int_key_numbers(self, name: str) -> dict[int, float]:
         value = self._value(name, REQUIRED)
         if not isinstance(value, dict) or not all(
-                _is_int(k) and _is_number(v) for k, v in value.items()):
+                is_int(k) and _is_number(v) for k, v in value.items()):
             raise self._wrong(name, "a map of integer keys to numbers", value)
         return {int(k): float(v) for k, v in value.items()}
 

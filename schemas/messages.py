@@ -17,6 +17,12 @@ import numpy as np
 from schemas import errors
 from schemas.codec import SCHEMA_VERSION, CodecError, pack, unpack
 from schemas.errors import ServingError
+from schemas.fields import FieldReader, is_int
+
+# what an exit config may name (services.exits.scores computes the score kinds)
+EXIT_MODES = ("latency",)
+MAX_ID_BYTES = 256  # a request id (UTF-8): every batch and record carries it
+SCORE_KINDS = ("max_softmax", "entropy", "margin")
 
 
 def _bad(message: str) -> ServingError:
@@ -70,7 +76,11 @@ def decode_infer_request(msg: dict[str, Any], subject_model: str) -> InferReques
     rid = msg.get("id")
     if not isinstance(rid, str) or not rid:
         raise _bad("field 'id' must be a non-empty string")
-    model = msg.get("model", subject_model)
+    if len(rid.encode()) > MAX_ID_BYTES:
+        raise _bad(f"field 'id' is {len(rid.encode())} bytes; at most {MAX_ID_BYTES}")
+    model = msg.get("model")
+    if model is None:  # absent or nil: the subject's model
+        model = subject_model
     if model != subject_model:
         raise ServingError(errors.BAD_REQUEST,
                            f"field 'model' is {model!r} but the request was sent to {subject_model!r}")
@@ -228,13 +238,45 @@ class ExitConfig:
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> ExitConfig:
+        """A checked config (:meth:`check`): a malformed one raises ``bad_request``."""
+        f = FieldReader(msg, "exit config")
+        heads = msg.get("heads") or {}
+        if not isinstance(heads, dict) or not all(is_int(k) for k in heads):
+            raise f.error(f"field 'heads' must be a map of ramp indices to file names, "
+                          f"got {heads!r:.80}")
         try:
-            return cls(model=msg["model"], version=int(msg["version"]),
-                       mode=msg.get("mode", "latency"),
-                       thresholds={int(k): float(v)
-                                   for k, v in (msg.get("thresholds") or {}).items()},
-                       active=[int(r) for r in msg.get("active") or []],
-                       score=msg.get("score", "max_softmax"),
-                       heads={int(k): plain_head_file(v) for k, v in (msg.get("heads") or {}).items()})
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise _bad(f"malformed exit config: {exc!r}") from None
+            config = cls(model=f.text("model"), version=f.integer("version"),
+                         mode=f.text("mode", "latency"),
+                         thresholds=(f.int_key_numbers("thresholds")
+                                     if msg.get("thresholds") is not None else {}),
+                         active=f.integers("active") if msg.get("active") is not None else [],
+                         score=f.text("score", "max_softmax"),
+                         heads={int(k): plain_head_file(v) for k, v in heads.items()})
+            config.check()
+        except ValueError as exc:
+            raise f.error(str(exc)) from None
+        return config
+
+    def check(self) -> None:
+        """ValueError unless a worker can serve this config: a known mode and score kind, a
+        version >= 0, thresholds finite in [0, 1] (scores lie in [0, 1]), each active ramp
+        once and with a threshold, ramp indices >= 0."""
+        if not self.model:
+            raise ValueError("the model name is empty")
+        if self.version < 0:
+            raise ValueError(f"version must be >= 0, got {self.version}")
+        if self.mode not in EXIT_MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; known: {', '.join(EXIT_MODES)}")
+        if self.score not in SCORE_KINDS:
+            raise ValueError(f"unknown score kind {self.score!r}; known: "
+                             f"{', '.join(SCORE_KINDS)}")
+        for ramp, t in self.thresholds.items():
+            if ramp < 0 or not (math.isfinite(t) and 0.0 <= t <= 1.0):
+                raise ValueError(f"threshold of ramp {ramp} must be in [0, 1], got {t!r}")
+        if len(set(self.active)) != len(self.active) or any(r < 0 for r in self.active):
+            raise ValueError(f"active ramps must be distinct indices >= 0, got {self.active}")
+        missing = [r for r in self.active if r not in self.thresholds]
+        if missing:
+            raise ValueError(f"active ramps {missing} have no threshold")
+        if any(r < 0 for r in self.heads):
+            raise ValueError(f"ramp indices must be >= 0, got heads for {sorted(self.heads)}")

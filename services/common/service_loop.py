@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections.abc import Awaitable, Callable
 
 from services.common.memory import keep_large_buffers
@@ -40,3 +41,34 @@ def spawn(coro: Awaitable[None], tasks: set[asyncio.Task], log=None) -> asyncio.
 
     task.add_done_callback(done)
     return task
+
+
+RESTART_FIRST_S = 0.1   # wait before restarting a failed loop, doubled per failure in a row
+RESTART_MAX_S = 5.0
+HEALTHY_S = 60.0        # a loop that ran this long before failing starts from the first wait
+restarts: dict[str, int] = {}  # loop name -> restarts since the process started
+
+
+def supervise(name: str, make: Callable[[], Awaitable[None]], tasks: set[asyncio.Task],
+              log) -> asyncio.Task:
+    """Run the background loop ``make()`` returns; when it fails, log why and start it again
+    after a wait that doubles (up to ``RESTART_MAX_S``), so no loop dies silently while the
+    service goes on. A loop that returns (its stop event was set) ends."""
+
+    async def run() -> None:
+        wait = RESTART_FIRST_S
+        while True:
+            started = time.monotonic()
+            try:
+                await make()
+                return
+            except Exception as exc:  # any failure restarts the loop
+                if time.monotonic() - started >= HEALTHY_S:
+                    wait = RESTART_FIRST_S
+                restarts[name] = restarts.get(name, 0) + 1
+                log.error("background loop failed, restarting %s", f"loop={name} "
+                          f"in_s={wait:g} restarts={restarts[name]}", exc_info=exc)
+            await asyncio.sleep(wait)
+            wait = min(2 * wait, RESTART_MAX_S)
+
+    return spawn(run(), tasks, log)

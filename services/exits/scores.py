@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-SCORE_KINDS = ("max_softmax", "entropy", "margin")
+from schemas.messages import SCORE_KINDS  # the kinds an exit config may name
+
+__all__ = ["SCORE_KINDS", "exit_score", "softmax"]
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -62,6 +62,11 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
         try:
             heads = pinned_heads(store, model, dict(latest.heads) if latest else {},
                                  head_pins or [])
+            if set(thresholds) - set(ramps):
+                raise ValueError(f"unknown ramp(s) {sorted(set(thresholds) - set(ramps))}; "
+                                 f"model has {ramps}")
+            # what workers would refuse is not stored either
+            ExitConfig(model, 0, "latency", thresholds, active_ramps, heads=heads).check()
         except ValueError as exc:
             print(f"error: {exc}")
             return 2

@@ -36,7 +36,8 @@ from schemas.telemetry import OK, RequestRecord, RequestTelemetry
 from services.common import bus, logs
 from services.common.config import Config
 from services.common.hotpath import publish_now, subscribe_direct
-from services.common.service_loop import spawn
+from services.common.payload_chunks import payload_chunks
+from services.common.service_loop import supervise
 from services.router import admission
 from services.router.edf_queue import EDFQueue, Pending, QueueFull
 from services.router.model_specs import ModelSpec, load_specs
@@ -262,8 +263,6 @@ class Router:
         names = state.spec.input_names
         inputs = ({n: batch[0].inputs[n][None] for n in names} if len(batch) == 1 else
                   {n: np.stack([e.inputs[n] for e in batch]) for n in names})
-        for e in batch:
-            e.attempts += 1
         # Workers answer clients directly (one hop less on every request); the router
         # still learns of each answer from the Results message and records it.
         msg = Batch(batch_id=batch_id, model=model, stage=0, router=subjects.results(self.id),
@@ -271,6 +270,15 @@ class Router:
                     replies=[e.reply for e in batch],
                     ages_ms=[(now - e.arrival) * 1e3 for e in batch])
         data = msg.encode()
+        if len(data) > self.nc.max_payload and len(batch) > 1:
+            # the cap counts a typical envelope; long ids or reply subjects made it larger:
+            # send the first half, the rest goes back to the queue (already admitted)
+            for e in batch[len(batch) // 2:]:
+                state.queue.push(e, force=True)
+            self._send(model, state, worker_id, batch[:len(batch) // 2], now)
+            return
+        for e in batch:
+            e.attempts += 1
         w = self.registry.workers[worker_id]
         w.inflight[batch_id] = Inflight(batch_id, worker_id, model, batch, now, len(batch))
         try:
@@ -339,11 +347,19 @@ class Router:
             await self.flush_records()
 
     async def flush_records(self) -> None:
+        """Publish the records kept since the last flush, in messages under the bus's
+        max_payload (a burst's records would not fit one)."""
         for name, state in self.models.items():
             if state.records:
                 records, state.records = state.records, []
-                await self.nc.publish(subjects.telemetry_requests(name),
-                                      RequestTelemetry(name, self.id, records).encode())
+                messages, dropped = payload_chunks(
+                    records, lambda rs, name=name: RequestTelemetry(name, self.id, rs).encode(),
+                    self.nc.max_payload)
+                for data in messages:
+                    await self.nc.publish(subjects.telemetry_requests(name), data)
+                if dropped:  # only a record over the limit on its own: say so
+                    self.log.error("request records too large to send %s",
+                                   logs.kv(model=name, dropped=dropped))
 
     async def on_models(self, msg: Msg) -> None:
         models = [dict(state.spec.describe(), ready=self.registry.ready(name))
@@ -379,10 +395,11 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     await nc.subscribe(subjects.STATUS_ROUTER, cb=router.on_status)
     await nc.subscribe(subjects.HEARTBEAT, cb=router.on_heartbeat)
     await subscribe_direct(nc, subjects.results(router.id), router.on_results)
-    spawn(router.sweep_loop(stop), router.tasks, log)
-    spawn(router.record_loop(stop), router.tasks, log)
+    supervise("sweep", lambda: router.sweep_loop(stop), router.tasks, log)
+    supervise("records", lambda: router.record_loop(stop), router.tasks, log)
     for name in router.models:
-        spawn(router.dispatch_loop(name, stop), router.tasks, log)
+        supervise(f"dispatch-{name}", lambda name=name: router.dispatch_loop(name, stop),
+                  router.tasks, log)
     log.info("router ready %s", logs.kv(id=router.id, models=",".join(router.models)))
     await stop.wait()
     # Answer everything still pending so no client waits for a reply that never comes.

@@ -33,7 +33,7 @@ from services.common import bus, logs
 from services.common.background import run_low
 from services.common.config import Config
 from services.common.hotpath import flush_now, publish_many, publish_now, subscribe_direct
-from services.common.service_loop import spawn
+from services.common.service_loop import spawn, supervise
 from services.exits.decide import ramp_outcome
 from services.exits.initial import initial_config, initial_ramps
 from services.runtime.manifest import Manifest
@@ -127,6 +127,12 @@ class Worker:
             self.log.error("bad exit config: %r", exc)
             return
         if config.model != self.plan.model or config.version <= self._newest_version():
+            return
+        unknown = sorted((set(config.thresholds) | set(config.active) | set(config.heads))
+                         - {r.index for r in self.manifest.ramps})
+        if unknown:  # the last good config stays in force
+            self.log.error("exit config refused %s", logs.kv(
+                version=config.version, error=f"ramps {unknown} do not exist in this model"))
             return
         # Build the sessions the new active set and heads need before it is applied, off the
         # event loop and at low priority, so no batch waits for (or competes with) session
@@ -509,9 +515,9 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
     else:
         await subscribe_direct(nc, subjects.stage(model, stage), worker.on_batch,
                                queue=subjects.stage_queue(model, stage))
-    spawn(worker.heartbeat_loop(stop), worker.tasks, log)
-    spawn(worker.telemetry_loop(stop), worker.tasks, log)
-    runner = spawn(worker.run(stop), worker.tasks, log)
+    supervise("heartbeat", lambda: worker.heartbeat_loop(stop), worker.tasks, log)
+    supervise("telemetry", lambda: worker.telemetry_loop(stop), worker.tasks, log)
+    runner = supervise("batches", lambda: worker.run(stop), worker.tasks, log)
     log.info("worker ready %s", logs.kv(id=worker.id, blocks=f"{first}:{last}",
                                        ramps=[r.index for r in worker.ramps],
                                        providers=",".join(runtime.providers),

@@ -24,6 +24,7 @@ SERVICES = {"router", "worker", "monitor", "tuner", "profiler", "optimizer"}
 # Pure decision code: what the services, the simulator and the benches share.
 POLICY_PACKAGES = {"exits"}
 POLICY_MODULES = {
+    "services.common.payload_chunks",
     "services.common.stats",
     "services.monitor.profile_windows",
     "services.router.admission",

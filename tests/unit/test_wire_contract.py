@@ -184,6 +184,23 @@ def test_optional_fields_default() -> None:
         {"v": 1, "id": "r-3", "inputs": {"x": np.zeros(16, "<f4")}, "slo_ms": None,
          "unknown_field": [1, 2]})), "tiny")
     assert req.slo_ms is None
+    req = decode_infer_request(decode_map(client_encode(  # nil means absent: the subject's
+        {"v": 1, "id": "r-4", "model": None, "inputs": {"x": np.zeros(16, "<f4")}})), "tiny")
+    assert req.model == "tiny"
+
+
+@pytest.mark.parametrize("where", ["top", "nested", "key"])
+def test_a_timestamp_is_refused_like_every_extension_but_tensors(where: str) -> None:
+    ts = msgpack.Timestamp(1, 0)  # extension type -1, which msgpack decodes by itself
+    msg: dict[Any, Any] = {"v": 1, "id": "r", "inputs": {"x": np.zeros(16, "<f4")}}
+    if where == "top":
+        msg["unknown_field"] = ts
+    elif where == "nested":
+        msg["unknown_field"] = [{"when": [ts]}]
+    else:
+        msg[ts] = 1
+    err = assert_bad_request(client_encode(msg))
+    assert "extension type -1" in err.message
 
 
 def _readme_example_bytes() -> bytes:
@@ -208,8 +225,9 @@ def test_readme_byte_dump_is_what_both_encoders_write() -> None:
     ({"id": ""}, "'id'"),
     ({"id": 7}, "'id'"),
     ({"id": None}, "'id'"),
+    ({"id": "x" * 257}, "'id' is 257 bytes; at most 256"),
+    ({"id": "é" * 129}, "'id' is 258 bytes"),
     ({"model": "other"}, "'model'"),
-    ({"model": None}, "'model'"),
     ({"inputs": {}}, "'inputs'"),
     ({"inputs": [1, 2]}, "'inputs'"),
     ({"inputs": {"x": [0.0] * 16}}, "tensor"),
@@ -438,6 +456,29 @@ def test_exit_config_heads_round_trip_and_bad_names_are_refused() -> None:
     for bad in ("../ramp_0.onnx", "/etc/passwd.onnx", ".hidden.onnx", "ramp_0.v2.txt", 7,
                 "a\\b.onnx"):
         assert_refused(ExitConfig.decode, {**msg, "heads": {0: bad}}, "malformed exit config")
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"score": "bogus"}, "unknown score kind 'bogus'"),
+    ({"mode": "turbo"}, "unknown mode 'turbo'"),
+    ({"version": -1}, "version must be >= 0"),
+    ({"version": "7"}, "'version' must be"),
+    ({"model": ""}, "model name is empty"),
+    ({"model": None}, "'model' is missing"),
+    ({"thresholds": {0: 1.5}}, "threshold of ramp 0 must be in [0, 1]"),
+    ({"thresholds": {0: -0.1}}, "threshold of ramp 0 must be in [0, 1]"),
+    ({"thresholds": {0: float("nan")}}, "threshold of ramp 0 must be in [0, 1]"),
+    ({"thresholds": {0: "0.1"}}, "'thresholds' must be a map of integer keys"),
+    ({"thresholds": {"0": 0.1}}, "'thresholds' must be a map of integer keys"),
+    ({"active": [0, 0]}, "active ramps must be distinct"),
+    ({"active": [3]}, "active ramps [3] have no threshold"),
+    ({"active": "0"}, "'active' must be an array"),
+    ({"heads": {"0": "ramp_0.onnx"}}, "'heads' must be a map of ramp indices"),
+    ({"heads": [1]}, "'heads' must be a map of ramp indices"),
+])
+def test_exit_configs_a_worker_cannot_serve_are_refused(change: dict, fragment: str) -> None:
+    msg = client_decode(ExitConfig("tiny", 3, thresholds={0: 0.2, 2: 0.0}, active=[0]).encode())
+    assert_refused(ExitConfig.decode, {**msg, **change}, "malformed exit config", fragment)
 
 
 def ramp_features(n: int = 3, logits: bool = True) -> RampFeatures:

@@ -1,0 +1,103 @@
+"""The router's background work: request records of a burst go out in messages under the
+bus's max_payload, none lost; a failed background loop is restarted, not left dead."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+
+from schemas import subjects
+from schemas.messages import decode_map
+from schemas.telemetry import OK, RequestRecord, RequestTelemetry
+from services.common import config as config_mod
+from services.common import service_loop
+from services.router.edf_queue import Pending
+from services.router.policy import make_policy
+from services.router.service import Router
+
+
+class FakeBus:
+    max_payload = 64 * 1024
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        if len(data) > self.max_payload:  # what nats-py raises
+            raise ValueError("max payload exceeded")
+        self.sent.append((subject, data))
+
+
+def _router() -> Router:
+    cfg = config_mod.load()
+    return Router(FakeBus(), cfg, {"tiny": SimpleNamespace(full_ms=1.0)},
+                  make_policy("fixed", cfg.max_batch, 0), logging.getLogger("test"))
+
+
+def test_a_burst_of_records_goes_out_under_max_payload_and_complete():
+    async def run() -> Router:
+        router = _router()
+        state = router.models["tiny"]
+        state.records = [RequestRecord(f"req-{i:05d}-" + "x" * 40, 1.0 + i, 2.0, OK, 1, True,
+                                       3, 7) for i in range(20_000)]
+        await router.flush_records()
+        return router
+
+    router = asyncio.run(run())
+    sent = router.nc.sent
+    assert len(sent) > 1 and all(s == subjects.telemetry_requests("tiny") for s, _ in sent)
+    assert all(len(d) <= FakeBus.max_payload for _, d in sent)
+    ids = [r.id for _, d in sent for r in RequestTelemetry.decode(decode_map(d)).records]
+    assert ids == [f"req-{i:05d}-" + "x" * 40 for i in range(20_000)]
+    assert router.models["tiny"].records == []
+
+
+def test_a_failed_background_loop_is_restarted(monkeypatch, caplog):
+    monkeypatch.setattr(service_loop, "RESTART_FIRST_S", 0.01)
+    runs = []
+
+    async def flaky() -> None:
+        runs.append(1)
+        if len(runs) < 3:
+            raise RuntimeError(f"failure {len(runs)}")
+
+    async def run() -> None:
+        tasks: set[asyncio.Task] = set()
+        await service_loop.supervise("flaky-test", flaky, tasks, logging.getLogger("test"))
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(run())
+    assert len(runs) == 3  # failed twice, restarted each time, then returned
+    assert service_loop.restarts["flaky-test"] == 2
+    assert caplog.text.count("background loop failed, restarting") == 2
+    assert "failure 2" in caplog.text
+
+
+def test_a_batch_over_max_payload_is_halved_and_the_rest_requeued(monkeypatch):
+    import services.router.service as router_service
+
+    published: list[bytes] = []
+    monkeypatch.setattr(router_service, "publish_now",
+                        lambda nc, subject, data: published.append(data))
+
+    async def run():
+        router = _router()
+        router.nc.max_payload = 6000
+        state = router.models["tiny"]
+        state.spec = SimpleNamespace(full_ms=1.0, input_names=["x"])
+        # long ids and reply subjects: the cap's typical envelope underestimates them
+        batch = [Pending(id=f"r{i}-" + "y" * 200, model="tiny", reply=f"_INBOX.{'z' * 300}.{i}",
+                         inputs={"x": np.zeros(16, "<f4")}, arrival=0.0, deadline=1e9)
+                 for i in range(16)]
+        router.registry.workers["w"] = SimpleNamespace(inflight={})
+        router._send("tiny", state, "w", batch, 0.0)
+        return router, state
+
+    router, state = asyncio.run(run())
+    assert published and all(len(d) <= 6000 for d in published)
+    sent = [e for i in router.registry.workers["w"].inflight.values() for e in i.entries]
+    assert 0 < len(sent) < 16 and len(sent) + len(state.queue) == 16
+    assert all(e.attempts == 1 for e in sent)

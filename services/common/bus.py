@@ -59,12 +59,16 @@ async def connect(url: str, name: str, connect_timeout: float = 10.0) -> Client:
             await asyncio.sleep(0.2)
 
 
+DUPLICATE_WINDOW_S = 120.0  # a resent message id within this is dropped by the stream
+
+
 async def ensure_telemetry_stream(nc: Client) -> None:
     """Create (or keep) the JetStream stream that stores telemetry until the monitor acks it."""
     js = nc.jetstream()
     config = StreamConfig(name=subjects.TELEMETRY_STREAM, subjects=[subjects.TELEMETRY_ALL],
                           retention=RetentionPolicy.LIMITS, storage=StorageType.FILE,
-                          max_bytes=TELEMETRY_MAX_BYTES, max_age=TELEMETRY_MAX_AGE_S)
+                          max_bytes=TELEMETRY_MAX_BYTES, max_age=TELEMETRY_MAX_AGE_S,
+                          duplicate_window=DUPLICATE_WINDOW_S)
     try:
         await js.add_stream(config)
     except Exception as exc:  # noqa: BLE001 - already exists with other limits: keep it

@@ -1,18 +1,21 @@
 """Exit monitor: consumes telemetry from JetStream, keeps windows, writes the store.
 
 Telemetry is acked only after the rows derived from it are committed, and each
-window / request batch carries a stable ingest key, so a monitor that is killed and
-restarted neither loses nor double-counts committed telemetry.
+window / request batch carries a stable ingest key (the publisher's message id), so a
+monitor that is killed and restarted, or a stream that is re-created, neither loses nor
+double-counts committed telemetry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime, timedelta
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 
 from schemas import subjects
 from schemas.codec import pack
@@ -26,6 +29,10 @@ from services.store.repository import Store
 FETCH_BATCH = 256
 IDLE_FLUSH_S = 2.0      # close partial windows when telemetry stops
 ACK_WAIT_S = 60.0
+MSG_ID = "Nats-Msg-Id"  # set by the publishers of telemetry
+STREAM_CHECK_S = 5.0    # how often the stream and consumer are checked while fetches succeed
+PRUNE_EVERY_S = 3600.0
+KEEP_KEYS_S = 86400.0   # ingest keys kept this long (redeliveries come within minutes)
 
 
 class Monitor:
@@ -40,32 +47,34 @@ class Monitor:
         self.windows_stored = 0
 
     async def handle(self, msg: Msg) -> None:
-        seq = msg.metadata.sequence.stream
+        # the publisher's message id: stable across redeliveries and across a re-created
+        # stream, whose sequence numbers start again at 1
+        key = (msg.headers or {}).get(MSG_ID) or f"seq:{msg.metadata.sequence.stream}"
         requests = msg.subject.startswith(subjects.telemetry_requests(""))
         try:
             data = decode_map(msg.data)
             telemetry = RequestTelemetry.decode(data) if requests else SampleTelemetry.decode(data)
         except Exception as exc:  # noqa: BLE001 - poison message: log and drop it from the stream
-            self.log.error("undecodable telemetry seq=%s: %r", seq, exc)
+            self.log.error("undecodable telemetry key=%s: %r", key, exc)
             await msg.ack()
             return
         if requests:
-            await self._store_requests(msg, telemetry, seq)
+            await self._store_requests(msg, telemetry, key)
         else:
-            await self._add_samples(msg, telemetry, seq)
+            await self._add_samples(msg, telemetry, key)
 
-    async def _store_requests(self, msg: Msg, telemetry: RequestTelemetry, seq: int) -> None:
+    async def _store_requests(self, msg: Msg, telemetry: RequestTelemetry, key: str) -> None:
         rows = [{"request_id": r.id or "", "model": telemetry.model, "received_at": utc_datetime(r.t),
                  "latency_ms": r.latency_ms, "status": r.status, "exit": r.exit,
                  "early": r.early, "label": r.label, "config_version": r.config_version}
                 for r in telemetry.records]
-        await asyncio.to_thread(self.store.add_requests, rows, f"req:{seq}")
+        await asyncio.to_thread(self.store.add_requests, rows, f"req:{key}")
         self.requests_stored += len(rows)
         await msg.ack()
 
-    async def _add_samples(self, msg: Msg, telemetry: SampleTelemetry, seq: int) -> None:
+    async def _add_samples(self, msg: Msg, telemetry: SampleTelemetry, key: str) -> None:
         self.last_sample = time.monotonic()
-        batch = SampleBatch.of(str(seq), telemetry)
+        batch = SampleBatch.of(key, telemetry)
         closed = self.windows.add(batch)
         # The message belongs to the window still open after add, or else to the last one it closed.
         win = self.windows.open.get(batch.model) or closed[-1]
@@ -95,29 +104,71 @@ class Monitor:
                                 "windows_stored": self.windows_stored}))
 
 
+async def subscribe(nc: Client):
+    """The monitor's pull subscription on the telemetry stream (both made if missing)."""
+    await bus.ensure_telemetry_stream(nc)
+    consumer = ConsumerConfig(durable_name=subjects.MONITOR_DURABLE, ack_policy=AckPolicy.EXPLICIT,
+                              deliver_policy=DeliverPolicy.ALL, ack_wait=ACK_WAIT_S,
+                              max_ack_pending=100_000, max_deliver=-1)
+    return await nc.jetstream().pull_subscribe(
+        subjects.TELEMETRY_ALL, durable=subjects.MONITOR_DURABLE,
+        stream=subjects.TELEMETRY_STREAM, config=consumer)
+
+
+class Upkeep:
+    """The monitor's periodic chores between fetches: re-create a telemetry stream or
+    consumer that disappeared (else telemetry would pile up nowhere), and forget ingest
+    keys older than any redelivery."""
+
+    def __init__(self, nc: Client, store, log) -> None:
+        self.nc, self.store, self.log = nc, store, log
+        self.checked = time.monotonic()
+        self.pruned = 0.0
+
+    async def stream_gone(self) -> bool:
+        try:
+            await self.nc.jetstream().consumer_info(subjects.TELEMETRY_STREAM,
+                                                    subjects.MONITOR_DURABLE)
+            return False
+        except NotFoundError:
+            return True
+
+    async def due(self, psub, failed: bool):
+        """The subscription to fetch from next: a new one when the stream or the consumer
+        is gone (checked after a failed fetch, else every ``STREAM_CHECK_S``)."""
+        now = time.monotonic()
+        if failed or now - self.checked > STREAM_CHECK_S:
+            self.checked = now
+            if await self.stream_gone():
+                self.log.warning("telemetry stream or consumer missing: re-creating them")
+                psub = await subscribe(self.nc)
+        if now - self.pruned > PRUNE_EVERY_S:
+            self.pruned = now
+            before = datetime.now(UTC) - timedelta(seconds=KEEP_KEYS_S)
+            n = await asyncio.to_thread(self.store.prune_ingested, before)
+            if n:
+                self.log.info("ingest keys pruned %s", logs.kv(rows=n))
+        return psub
+
+
 async def serve(cfg: Config, stop: asyncio.Event) -> None:
     log = logs.setup("monitor", cfg.log_level)
     store = Store(cfg.database_url)
     nc = await bus.connect(cfg.nats_url or "nats://127.0.0.1:4222", "offramp-monitor")
-    await bus.ensure_telemetry_stream(nc)
-    js = nc.jetstream()
-    consumer = ConsumerConfig(durable_name=subjects.MONITOR_DURABLE, ack_policy=AckPolicy.EXPLICIT,
-                              deliver_policy=DeliverPolicy.ALL, ack_wait=ACK_WAIT_S,
-                              max_ack_pending=100_000, max_deliver=-1)
-    psub = await js.pull_subscribe(subjects.TELEMETRY_ALL, durable=subjects.MONITOR_DURABLE,
-                                   stream=subjects.TELEMETRY_STREAM, config=consumer)
+    psub = await subscribe(nc)
     monitor = Monitor(nc, cfg, store, log)
+    upkeep = Upkeep(nc, store, log)
     await nc.subscribe(subjects.STATUS_MONITOR, cb=monitor.on_status)
     log.info("monitor ready %s", logs.kv(window=cfg.monitor_window))
     while not stop.is_set():
+        failed = False
         try:
             msgs = await psub.fetch(FETCH_BATCH, timeout=0.5)
         except TimeoutError:
             msgs = []
         except Exception as exc:  # noqa: BLE001 - e.g. while reconnecting
             log.warning("fetch failed: %r", exc)
-            await asyncio.sleep(0.5)
-            continue
+            msgs, failed = [], True
         for m in msgs:
             try:
                 await monitor.handle(m)
@@ -125,8 +176,10 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
                 log.exception("telemetry not stored (will be redelivered)")
         try:
             await monitor.idle_flush()
+            psub = await upkeep.due(psub, failed)
         except Exception:
-            log.exception("idle flush failed")
+            log.exception("idle flush or upkeep failed")
+            await asyncio.sleep(0.5)
     # Partial windows stay unacked: the next monitor rebuilds them from the stream.
     await bus.close(nc)
     store.close()

@@ -80,6 +80,7 @@ class Router:
         self.tasks: set[asyncio.Task] = set()
         self.started = time.monotonic()
         self.batches = 0
+        self.records_sent = 0  # request-telemetry messages published (their ids count up)
 
     # ------------------------------------------------------------------ intake
 
@@ -356,7 +357,10 @@ class Router:
                     records, lambda rs, name=name: RequestTelemetry(name, self.id, rs).encode(),
                     self.nc.max_payload)
                 for data in messages:
-                    await self.nc.publish(subjects.telemetry_requests(name), data)
+                    # the id the monitor stores the records under, however often they come
+                    self.records_sent += 1
+                    await self.nc.publish(subjects.telemetry_requests(name), data, headers={
+                        "Nats-Msg-Id": f"{self.id}:{self.records_sent}"})
                 if dropped:  # only a record over the limit on its own: say so
                     self.log.error("request records too large to send %s",
                                    logs.kv(model=name, dropped=dropped))

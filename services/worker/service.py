@@ -32,7 +32,7 @@ from schemas.telemetry import FINAL_LOGITS_MAX_CLASSES, RampFeatures, SampleTele
 from services.common import bus, logs
 from services.common.background import run_low
 from services.common.config import Config
-from services.common.hotpath import flush_now, publish_many, publish_now, subscribe_direct
+from services.common.hotpath import flush_now, publish_many, subscribe_direct
 from services.common.service_loop import spawn, supervise
 from services.exits.decide import ramp_outcome
 from services.exits.initial import initial_config, initial_ramps
@@ -94,6 +94,7 @@ class Worker:
         self.busy = False
         self.inline = False
         self.telemetry = TelemetryBuffer()
+        self.telemetry_sent = 0  # telemetry messages published (their ids count up)
         self.backlog = FeedbackBacklog(cfg.feedback_backlog)
         # pooled features at this stage's ramp sites for a sample of inputs (online ramp
         # refits); only the last stage knows the final answers they are labelled with
@@ -173,16 +174,17 @@ class Worker:
         else:
             self.loop.call_soon_threadsafe(self._publish, messages)
 
-    def _publish(self, messages: list[tuple[str, bytes]]) -> None:
+    def _publish(self, messages: list[tuple]) -> None:
+        """(subject, data) or (subject, data, msg_id) messages, in order, in one write."""
         try:
             publish_many(self.nc, messages)
         except Exception:  # noqa: BLE001 - e.g. oversize activations: send the rest, say which
-            for subject, data in messages:
+            for m in messages:
                 try:
-                    publish_now(self.nc, subject, data)
+                    publish_many(self.nc, [m])
                 except Exception as exc:  # noqa: BLE001
                     self.log.error("publish failed subject=%s bytes=%d error=%r",
-                                   subject, len(data), exc)
+                                   m[0], len(m[1]), exc)
 
     # ------------------------------------------------------------------ compute
 
@@ -416,14 +418,21 @@ class Worker:
     def _add_telemetry(self, part: SampleTelemetry) -> None:
         """Coalesce telemetry (services/worker/telemetry.py); on the event loop, after the
         results it describes."""
-        self._publish([(subjects.telemetry_samples(self.plan.model), msg.encode())
+        self._publish([self._telemetry_message(msg)
                        for msg in self.telemetry.add(part, time.monotonic())])
+
+    def _telemetry_message(self, msg: SampleTelemetry) -> tuple[str, bytes, str]:
+        """Sample telemetry with an id the monitor stores it under (one row set per id,
+        whatever the stream's sequence numbers do)."""
+        self.telemetry_sent += 1
+        return (subjects.telemetry_samples(self.plan.model), msg.encode(),
+                f"{self.id}:{self.telemetry_sent}")
 
     async def telemetry_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await asyncio.sleep(self.telemetry.max_age_s / 2)
             if (msg := self.telemetry.due(time.monotonic())) is not None:
-                self._publish([(subjects.telemetry_samples(self.plan.model), msg.encode())])
+                self._publish([self._telemetry_message(msg)])
 
     def _answer(self, batch: Batch, config: ExitConfig, received: float, idx: np.ndarray,
                 labels: np.ndarray, scores: np.ndarray, exits: np.ndarray, logits: np.ndarray,
@@ -531,7 +540,8 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
         log.info("feedback runs set aside for waiting requests %s",
                  logs.kv(cut=worker.backlog.cut, rerun=worker.backlog.rerun))
     if worker.telemetry.parts:  # nothing measured is dropped at shutdown
-        await nc.publish(subjects.telemetry_samples(model), worker.telemetry.take().encode())
+        subject, data, msg_id = worker._telemetry_message(worker.telemetry.take())
+        await nc.publish(subject, data, headers={"Nats-Msg-Id": msg_id})
     await asyncio.to_thread(worker._store_heartbeat, socket.gethostname(), os.getpid(), "stopped")
     await bus.close(nc)
     store.close()

@@ -12,6 +12,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from schemas import subjects
 from schemas.codec import pack, unpack
 from services.common import bus
 from services.common.client import models as list_models
@@ -110,22 +111,63 @@ def test_two_stage_split_early_exits_in_both_stages(stack):
     stack.cli("exit-config", MODEL, "--threshold", "0")
 
 
+async def _send_tagged(stack, prefix: str, n: int):
+    nc = await bus.connect(stack.url, "e2e-monitor")
+    from services.common.client import infer
+
+    sem = asyncio.Semaphore(16)
+
+    async def one(i):
+        async with sem:
+            return await infer(nc, MODEL, {"x": _x(i)}, 5000, request_id=f"{prefix}-{i}")
+
+    replies = await asyncio.gather(*(one(i) for i in range(n)))
+    await nc.close()
+    return replies
+
+
+def test_a_deleted_telemetry_stream_is_recreated_and_history_goes_on(stack):
+    tag = uuid.uuid4().hex[:6]
+
+    def stored(prefix: str) -> int:
+        return stack.sql("select count(*) from requests where request_id like ?", f"{prefix}-%")[0][0]
+
+    asyncio.run(_send_tagged(stack, f"c{tag}", 100))
+    assert wait_for(lambda: stored(f"c{tag}") == 100)
+
+    async def delete_stream():
+        nc = await bus.connect(stack.url, "e2e-delete")
+        await nc.jetstream().delete_stream(subjects.TELEMETRY_STREAM)
+        await nc.close()
+
+    asyncio.run(delete_stream())
+    # the monitor re-creates stream and consumer; its sequence numbers start again at 1,
+    # which must not make the monitor take new telemetry for what it stored before
+    assert wait_for(lambda: _stream_exists(stack), timeout=15)
+    asyncio.run(_send_tagged(stack, f"d{tag}", 100))
+    assert wait_for(lambda: stored(f"d{tag}") == 100, timeout=30)
+    assert stored(f"c{tag}") == 100
+
+
+def _stream_exists(stack) -> bool:
+    async def check():
+        nc = await bus.connect(stack.url, "e2e-check")
+        try:
+            await nc.jetstream().stream_info(subjects.TELEMETRY_STREAM)
+            return True
+        except Exception:  # noqa: BLE001 - not (yet) there
+            return False
+        finally:
+            await nc.close()
+
+    return asyncio.run(check())
+
+
 def test_monitor_restart_loses_no_committed_telemetry(stack):
     tag = uuid.uuid4().hex[:6]
 
-    async def send(prefix: str, n: int):
-        nc = await bus.connect(stack.url, "e2e-monitor")
-        from services.common.client import infer
-
-        sem = asyncio.Semaphore(16)
-
-        async def one(i):
-            async with sem:
-                return await infer(nc, MODEL, {"x": _x(i)}, 5000, request_id=f"{prefix}-{i}")
-
-        replies = await asyncio.gather(*(one(i) for i in range(n)))
-        await nc.close()
-        return replies
+    def send(prefix: str, n: int):
+        return _send_tagged(stack, prefix, n)
 
     def stored(prefix: str) -> int:
         return stack.sql("select count(*) from requests where request_id like ?", f"{prefix}-%")[0][0]

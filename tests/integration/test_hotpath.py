@@ -194,3 +194,32 @@ def test_large_payloads_arrive_intact_between_small_ones(server):
         await pub_nc.close()
 
     run(main())
+
+
+def test_a_message_id_travels_as_a_header_and_the_stream_drops_a_resent_copy(server):
+    async def main():
+        nc = await bus.connect(server.url, "t-id")
+        js = nc.jetstream()
+        await js.add_stream(name="T_IDS", subjects=["t.ids"], duplicate_window=60)
+        sub_nc = await bus.connect(server.url, "t-id-sub")
+        got_headers: list = []
+        done = asyncio.get_running_loop().create_future()
+
+        async def cb(msg) -> None:
+            got_headers.append((msg.data, msg.headers))
+            if len(got_headers) == 3 and not done.done():
+                done.set_result(None)
+
+        await sub_nc.subscribe("t.ids", cb=cb)
+        await sub_nc.flush()
+        await sub_nc.flush()
+        publish_many(nc, [("t.ids", b"a", "w1:1"), ("t.ids", b"b"), ("t.ids", b"a", "w1:1")])
+        await asyncio.wait_for(done, 10)
+        assert got_headers == [(b"a", {"Nats-Msg-Id": "w1:1"}), (b"b", None),
+                               (b"a", {"Nats-Msg-Id": "w1:1"})]
+        info = await js.stream_info("T_IDS")
+        assert info.state.messages == 2  # the copy with a seen id was not stored again
+        await sub_nc.close()
+        await nc.close()
+
+    run(main())

@@ -24,11 +24,13 @@ class FakeBus:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes]] = []
+        self.ids: list[str] = []
 
-    async def publish(self, subject: str, data: bytes) -> None:
+    async def publish(self, subject: str, data: bytes, headers: dict | None = None) -> None:
         if len(data) > self.max_payload:  # what nats-py raises
             raise ValueError("max payload exceeded")
         self.sent.append((subject, data))
+        self.ids.append((headers or {}).get("Nats-Msg-Id"))
 
 
 def _router() -> Router:
@@ -53,6 +55,8 @@ def test_a_burst_of_records_goes_out_under_max_payload_and_complete():
     ids = [r.id for _, d in sent for r in RequestTelemetry.decode(decode_map(d)).records]
     assert ids == [f"req-{i:05d}-" + "x" * 40 for i in range(20_000)]
     assert router.models["tiny"].records == []
+    # every message has its own id: the stream drops a resent copy, the monitor stores it once
+    assert len(set(router.nc.ids)) == len(sent) and all(router.nc.ids)
 
 
 def test_a_failed_background_loop_is_restarted(monkeypatch, caplog):

@@ -65,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
             sup.poll()
             time.sleep(0.2)
         print("offramp up: stopping", flush=True)
+    except RuntimeError as exc:  # e.g. the embedded nats-server died and cannot come back
+        print(f"offramp up: {exc}", file=sys.stderr, flush=True)
+        return 1
     finally:
         sup.stop()
     return 0

@@ -81,10 +81,14 @@ class EmbeddedNats:
                 raise RuntimeError(f"nats-server exited with {self.proc.returncode}; "
                                    f"see {self.data_dir / 'nats-server.log'}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self.url
+                # a NATS server greets with INFO: another process on the port does not
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
+                    conn.settimeout(0.5)
+                    if conn.recv(4) == b"INFO":
+                        return self.url
             except OSError:
-                time.sleep(0.02)
+                pass
+            time.sleep(0.02)
         self.stop()
         raise RuntimeError(f"nats-server did not listen on {self.port} within {timeout}s")
 

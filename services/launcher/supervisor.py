@@ -103,6 +103,7 @@ class Supervisor:
         self.deployment = deployment
         self.log_dir = log_dir
         self.nats: EmbeddedNats | None = None
+        self.nats_restarts = 0
         self.children: list[Child] = []
         self.url = cfg.nats_url
 
@@ -153,7 +154,9 @@ class Supervisor:
         child.restart_at = None
 
     def poll(self) -> None:
-        """Restart children that died, with backoff. Call periodically."""
+        """Restart the embedded NATS server and children that died (children with backoff).
+        Call periodically."""
+        self._keep_nats()
         now = time.monotonic()
         for child in self.children:
             if child.proc is not None and child.proc.poll() is not None:
@@ -170,6 +173,24 @@ class Supervisor:
                 self._spawn(child)
                 log.warning("service %s restarted (restart #%d, pid %s)", child.name,
                             child.restarts, child.proc.pid)
+
+    def _keep_nats(self) -> None:
+        """An embedded server that died comes back at once on the same port and store
+        directory (JetStream keeps the telemetry it held; services reconnect on their own);
+        if it cannot, ``up`` stops loudly rather than leave every service retrying."""
+        if self.nats is None or self.nats.proc is None or self.nats.proc.poll() is None:
+            return
+        code = self.nats.proc.returncode
+        log.warning("embedded nats-server (pid %s) exited with code %s; restarting it on %s",
+                    self.nats.proc.pid, code, self.nats.url)
+        try:
+            self.nats.start()
+        except RuntimeError as exc:
+            raise RuntimeError(f"the embedded nats-server died (code {code}) and could not be "
+                               f"restarted: {exc}") from None
+        self.nats_restarts += 1
+        log.warning("embedded nats-server restarted (restart #%d, pid %s)", self.nats_restarts,
+                    self.nats.proc.pid)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Block until every served model reports ready (all stages have a live worker)."""
@@ -213,7 +234,10 @@ class Supervisor:
             self.nats.stop()
 
     def pids(self) -> dict[str, int]:
-        return {c.name: c.proc.pid for c in self.children if c.proc is not None}
+        out = {c.name: c.proc.pid for c in self.children if c.proc is not None}
+        if self.nats is not None and self.nats.proc is not None:
+            out["nats"] = self.nats.proc.pid
+        return out
 
     def __enter__(self) -> Self:
         return self

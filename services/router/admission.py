@@ -20,6 +20,8 @@ SERVICE_FLOOR_MS = 5.0       # the first estimate never promises less than this
 FIRST_ESTIMATE_FACTOR = 2.0  # the profiled full-model time leaves out queueing and transfer
 SERVICE_EWMA_WEIGHT = 0.2    # weight of the newest batch in the running estimate
 MIN_RETRY_AFTER_MS = 1.0     # a retry hint of 0 would invite an immediate retry storm
+DRAIN_WINDOW_S = 2.0         # recent service the retry hint's drain rate is measured over
+MIN_DRAIN_SPAN_S = 0.1
 MIN_REASK_MS = 0.1           # a policy's wait of ~0 must not make the dispatch loop spin
 SAMPLE_ENVELOPE_BYTES = 256  # per request in a batch message: id, reply subject, age
 BATCH_ENVELOPE_BYTES = 64 * 1024
@@ -53,10 +55,30 @@ def refuse_for_no_workers(has_worker: bool, now: float, started: float,
     return not has_worker and now - started > grace_s
 
 
-def retry_after_ms(service_ms: float, queued: int, max_batch: int) -> float:
-    """Hint of an ``overloaded`` reply: about the time to serve what is queued, in batches
-    of ``max_batch``, to 0.1 ms."""
-    return round(max(MIN_RETRY_AFTER_MS, service_ms * queued / max(1, max_batch)), 1)
+def retry_after_ms(service_ms: float, queued: int, max_batch: int,
+                   drain_per_s: float | None = None, parallel: int = 1) -> float:
+    """Hint of an ``overloaded`` reply: about the time the queue takes to drain, to 0.1 ms.
+    From the rate requests were recently served (``drain_per_s``, see ``drain_rate``) when
+    known: what every worker together serves, pipelined. Else what is queued, in batches of
+    ``max_batch``, each taking one batch's dispatch-to-release time, ``parallel`` batches at
+    once (workers x batches each may hold)."""
+    if drain_per_s is not None and drain_per_s > 0:
+        return round(max(MIN_RETRY_AFTER_MS, 1e3 * queued / drain_per_s), 1)
+    batches = queued / max(1, max_batch) / max(1, parallel)
+    return round(max(MIN_RETRY_AFTER_MS, service_ms * batches), 1)
+
+
+def drain_rate(served: Iterable[tuple[float, int]], now: float,
+               window_s: float = DRAIN_WINDOW_S) -> float | None:
+    """Requests per second served over the last ``window_s`` (``served``: (time, requests)
+    per released batch), over the time since the first release in it (at least
+    ``MIN_DRAIN_SPAN_S``: a burst's first batches do not make a rate alone); None when none
+    were."""
+    recent = [(t, k) for t, k in served if now - t <= window_s]
+    if not recent:
+        return None
+    span = max(now - min(t for t, _ in recent), MIN_DRAIN_SPAN_S)
+    return sum(k for _, k in recent) / span
 
 
 # ---------------------------------------------------------------- service estimate

@@ -62,6 +62,8 @@ class ModelState:
     early: int = 0
     records: list[RequestRecord] = field(default_factory=list)
     dispatching: bool = False                 # a dispatch pass is running (at most one)
+    # (time, requests) per released batch, recent ones: the drain rate of retry hints
+    released: deque = field(default_factory=lambda: deque(maxlen=4096))
 
 
 class Router:
@@ -110,8 +112,10 @@ class Router:
             try:
                 state.queue.push(entry)
             except QueueFull:
-                retry = admission.retry_after_ms(state.service_ms, len(state.queue),
-                                                 self.policy_batch())
+                workers = sum(w.stage == 0 for w in self.registry.for_model(subject_model))
+                retry = admission.retry_after_ms(
+                    state.service_ms, len(state.queue), self.policy_batch(),
+                    admission.drain_rate(state.released, now), workers * self.cfg.worker_credit)
                 raise ServingError(errors.OVERLOADED,
                                    f"queue for {subject_model!r} is full ({state.queue.limit} waiting)",
                                    retry_after_ms=retry) from None
@@ -199,6 +203,7 @@ class Router:
                 state = self.models[inflight.model]
                 elapsed = (now - inflight.dispatched) * 1e3
                 state.service_ms = admission.updated_service_ms(state.service_ms, elapsed)
+                state.released.append((now, inflight.size))
                 self.kick(inflight.model, state)
 
     # ------------------------------------------------------------------ dispatch

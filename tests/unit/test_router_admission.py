@@ -213,3 +213,22 @@ def test_payload_cap_for_an_image_batch():
     x = np.zeros((3, 224, 224), np.float32)   # 602112 bytes
     assert adm.payload_batch_cap(8, x.nbytes, 8 * MB) == 8
     assert adm.payload_batch_cap(32, x.nbytes, 8 * MB) == 13   # 8323072 // 602368
+
+
+def test_retry_after_from_the_recent_drain_rate():
+    # two workers pipelining batches of 16 in 20 ms each: 1,600 requests/s, far more than
+    # one batch's dispatch-to-release time says (16 per 20 ms = 800/s)
+    served = [(10.0 + 0.01 * i, 16) for i in range(200)]  # 2 s of releases
+    rate = adm.drain_rate(served, now=12.0)
+    assert rate == pytest.approx(3200 / 1.99, rel=0.02)
+    assert adm.retry_after_ms(20.0, 1024, 16, rate) == pytest.approx(1e3 * 1024 / rate, abs=0.1)
+    assert adm.drain_rate(served, now=20.0) is None           # nothing recent
+    assert adm.drain_rate([], now=1.0) is None
+    assert adm.retry_after_ms(20.0, 0, 16, 100.0) == 1.0      # floor
+    # a burst's first release: the rate over at least 0.1 s, not over the whole window
+    assert adm.drain_rate([(5.0, 16)], now=5.01) == pytest.approx(160.0)
+
+
+def test_retry_after_before_anything_was_served_counts_batches_served_at_once():
+    assert adm.retry_after_ms(20.0, 1024, 16, None) == 1280.0             # one at a time
+    assert adm.retry_after_ms(20.0, 1024, 16, None, parallel=4) == 320.0  # 2 workers x 2

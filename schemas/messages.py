@@ -136,6 +136,7 @@ class Batch:
     carry: dict[str, np.ndarray] = field(default_factory=dict)  # model inputs later blocks read
     replies: list[str] = field(default_factory=list)  # client reply subject per id ([] = via router)
     ages_ms: list[float] = field(default_factory=list)  # per id: ms since the router admitted it
+    slos_ms: list[float] = field(default_factory=list)  # per id: its SLO; an answer later is not sent
 
     def encode(self) -> bytes:
         return pack({"v": SCHEMA_VERSION, "batch_id": self.batch_id, "model": self.model,
@@ -144,7 +145,7 @@ class Batch:
                      "ramp_ids": self.ramp_ids, "ramp_pred": self.ramp_pred,
                      "ramp_score": self.ramp_score, "exit_at": self.exit_at,
                      "stage_ms": self.stage_ms, "carry": self.carry, "replies": self.replies,
-                     "ages_ms": self.ages_ms})
+                     "ages_ms": self.ages_ms, "slos_ms": self.slos_ms})
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> Batch:
@@ -157,7 +158,8 @@ class Batch:
                        stage_ms=list(msg.get("stage_ms") or []),
                        carry=dict(msg.get("carry") or {}),
                        replies=list(msg.get("replies") or []),
-                       ages_ms=[float(a) for a in msg.get("ages_ms") or []])
+                       ages_ms=[float(a) for a in msg.get("ages_ms") or []],
+                       slos_ms=[float(a) for a in msg.get("slos_ms") or []])
         except (KeyError, TypeError, ValueError) as exc:
             raise _bad(f"malformed batch: {exc!r}") from None
 

@@ -156,12 +156,16 @@ class Router:
 
     # ------------------------------------------------------------------ replies
 
-    def reply_error(self, entry: Pending, code: str, message: str, **extra) -> None:
+    def reply_error(self, entry: Pending, code: str, message: str, send: bool = True,
+                    **extra) -> None:
+        """Answer ``entry`` with an error and record it (``send`` False: a worker has sent
+        the client this error itself; only record it)."""
         if entry.replied:
             return
         entry.replied = True
         self.pending.pop(entry.id, None)
-        self._publish(entry.reply, encode_error(entry.id, code, message, **extra))
+        if send:
+            self._publish(entry.reply, encode_error(entry.id, code, message, **extra))
         self._record_error(entry.model, entry.id, entry.received_wall, entry.arrival, code)
 
     def on_results(self, msg: Msg) -> None:
@@ -177,7 +181,8 @@ class Router:
                 entry = self.pending.get(rid)
                 if entry is not None:
                     self.reply_error(entry, code,
-                                     f"worker {res.worker} failed: {res.error.get('message')}")
+                                     f"worker {res.worker} failed: {res.error.get('message')}",
+                                     send=not res.direct)
         else:
             for i, rid in enumerate(res.ids):
                 entry = self.pending.pop(rid, None)
@@ -274,7 +279,8 @@ class Router:
         msg = Batch(batch_id=batch_id, model=model, stage=0, router=subjects.results(self.id),
                     ids=[e.id for e in batch], config_version=0, inputs=inputs,
                     replies=[e.reply for e in batch],
-                    ages_ms=[(now - e.arrival) * 1e3 for e in batch])
+                    ages_ms=[(now - e.arrival) * 1e3 for e in batch],
+                    slos_ms=[(e.deadline - e.arrival) * 1e3 for e in batch])
         data = msg.encode()
         if len(data) > self.nc.max_payload and len(batch) > 1:
             # the cap counts a typical envelope; long ids or reply subjects made it larger:
@@ -342,8 +348,11 @@ class Router:
             if absence.drain:
                 for e in state.queue.drain():
                     self.reply_error(e, errors.NO_WORKERS, f"no live worker serves {name!r}")
+        # requests dispatched with their reply subjects are their worker's to answer, late
+        # or not (one reply per request); a lost worker's come back through its loss above
         for e in admission.overdue(self.pending.values(), now):
-            self.reply_error(e, errors.DEADLINE_EXCEEDED, "deadline passed while in flight")
+            if e.attempts == 0:
+                self.reply_error(e, errors.DEADLINE_EXCEEDED, "deadline passed while in flight")
 
     # ------------------------------------------------------------------ telemetry + status
 

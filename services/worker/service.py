@@ -27,7 +27,7 @@ from nats.aio.msg import Msg
 from schemas import errors, subjects
 from schemas.errors import ServingError
 from schemas.heartbeat import Heartbeat
-from schemas.messages import Batch, ExitConfig, Results, decode_map, encode_reply
+from schemas.messages import Batch, ExitConfig, Results, decode_map, encode_error, encode_reply
 from schemas.telemetry import FINAL_LOGITS_MAX_CLASSES, RampFeatures, SampleTelemetry
 from services.common import bus, logs
 from services.common.background import run_low
@@ -95,6 +95,7 @@ class Worker:
         self.inline = False
         self.telemetry = TelemetryBuffer()
         self.telemetry_sent = 0  # telemetry messages published (their ids count up)
+        self.late_answers = 0    # answers past their SLO: the client got deadline_exceeded
         self.backlog = FeedbackBacklog(cfg.feedback_backlog)
         # pooled features at this stage's ramp sites for a sample of inputs (online ramp
         # refits); only the last stage knows the final answers they are labelled with
@@ -371,7 +372,7 @@ class Worker:
                     config.version, {"x": np.ascontiguousarray(out.output)}, out.ramp_ids,
                     ramp_pred, ramp_score, out.exit_at, stage_ms,
                     {k: model_inputs[k] for k in self.carry}, batch.replies,
-                    [a + waited for a in batch.ages_ms]).encode()
+                    [a + waited for a in batch.ages_ms], batch.slos_ms).encode()
         if len(nxt) > self.nc.max_payload:
             raise ServingError(errors.PAYLOAD_TOO_LARGE,
                                f"activations after block {self.plan.last_block - 1} are "
@@ -442,12 +443,29 @@ class Worker:
         itself only for batches without reply subjects)."""
         ids = [batch.ids[i] for i in idx]
         direct = len(batch.replies) == len(batch.ids) and len(batch.ages_ms) == len(batch.ids)
+        late = np.zeros(len(ids), bool)
         if direct:  # the clients' answers go out first, before any bookkeeping
             waited = (time.monotonic() - received) * 1e3
-            self._publish_threadsafe([(batch.replies[i], encode_reply(
+            ages = [batch.ages_ms[i] + waited for i in idx]
+            if len(batch.slos_ms) == len(batch.ids):  # past its SLO: the client gets that
+                late = np.array([a >= batch.slos_ms[i] for a, i in zip(ages, idx)], bool)
+            self._publish_threadsafe([(batch.replies[i], encode_error(
+                ids[k], errors.DEADLINE_EXCEEDED, f"answered {ages[k]:.0f} ms after admission, "
+                f"past its SLO of {batch.slos_ms[i]:.0f} ms") if late[k] else encode_reply(
                 ids[k], batch.model, {"logits": logits[k]}, int(labels[k]), float(scores[k]),
-                int(exits[k]), early, batch.ages_ms[i] + waited, config.version))
+                int(exits[k]), early, ages[k], config.version))
                 for k, i in enumerate(idx)], flush=True)
+        if late.any():
+            self.late_answers += int(late.sum())
+            ok = np.flatnonzero(~late)
+            ids, labels, scores, exits = ([ids[k] for k in ok], labels[ok], scores[ok],
+                                          exits[ok])
+            self._publish_threadsafe([(batch.router, Results(  # recorded, not answered again
+                batch.batch_id, self.id, self.plan.stage,
+                [batch.ids[i] for i in np.asarray(idx)[late]], labels[:0], scores[:0],
+                exits[:0], None, early, config.version, direct=True,
+                error={"code": errors.DEADLINE_EXCEEDED, "message": "answered after its SLO"}
+            ).encode())])
         if ids or release:
             self._publish_threadsafe([(batch.router, Results(
                 batch.batch_id, self.id, self.plan.stage, ids, labels, scores, exits,

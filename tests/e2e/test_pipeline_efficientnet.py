@@ -135,3 +135,46 @@ def _router_workers(stack):
         return []
     status = json.loads(out.stdout)
     return status.get("router", {}).get("models", {}).get(MODEL, {}).get("workers", [])
+
+
+def test_every_request_gets_exactly_one_reply_even_past_its_deadline(stack):
+    """A burst whose SLOs expire while batches are in flight: the worker that holds a request
+    answers it, with deadline_exceeded when late; the router never answers it too."""
+    import uuid
+
+    from schemas.codec import pack
+
+    tag = uuid.uuid4().hex[:6]
+    n = 300
+    frames = _frames(20, seed=9)
+
+    async def run():
+        nc = await bus.connect(stack.url, "e2e-one-reply")
+        got: dict[str, list] = {}
+
+        async def cb(msg):
+            got.setdefault(msg.subject, []).append(unpack(msg.data))
+
+        await nc.subscribe(f"one.{tag}.>", cb=cb)
+        await nc.flush()
+        for i in range(n):
+            await nc.publish(f"offramp.infer.{MODEL}", pack(
+                {"v": 1, "id": f"o{tag}-{i}", "inputs": frames[i % 20], "slo_ms": 20 + i % 100}),
+                reply=f"one.{tag}.{i}")
+        await nc.flush()
+        await asyncio.sleep(8.0)
+        await nc.close()
+        return got
+
+    got = asyncio.run(run())
+    counts = [len(got.get(f"one.{tag}.{i}", [])) for i in range(n)]
+    assert counts == [1] * n, {c: counts.count(c) for c in set(counts)}
+    client = {f"o{tag}-{i}": (got[f"one.{tag}.{i}"][0].get("error") or {}).get("code", "ok")
+              for i in range(n)}
+    assert set(client.values()) <= {"ok", "deadline_exceeded"}, set(client.values())
+    # the store records each once, with the status the client got
+    assert wait_for(lambda: stack.sql("select count(*) from requests where request_id like ?",
+                                      f"o{tag}-%")[0][0] == n, timeout=30)
+    rows = dict(stack.sql("select request_id, status from requests where request_id like ?",
+                          f"o{tag}-%"))
+    assert rows == client

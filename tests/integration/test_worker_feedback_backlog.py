@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -120,3 +121,32 @@ def test_inline_threshold_decides_where_a_batch_runs(models_dir, monkeypatch) ->
         monkeypatch.setenv("OFFRAMP_INLINE_MS", bad)
         with pytest.raises(config_mod.ConfigError, match="OFFRAMP_INLINE_MS"):
             config_mod.load()
+
+
+def test_an_answer_past_its_slo_reaches_the_client_as_deadline_exceeded_once(models_dir):
+    """One reply per request: a dispatched request is its worker's to answer; one whose
+    answer comes at an age of its SLO or more gets deadline_exceeded from the worker (not the
+    answer, and not also from the router, which the worker tells to record it)."""
+    from schemas.messages import decode_map as dm
+
+    async def go():
+        w, sent = _worker(models_dir, backlog=0)
+        cfg = ExitConfig("efficientnet-lite0", 1, thresholds={}, active=[])
+        b = _batch("d", 2)
+        b.replies, b.ages_ms, b.slos_ms = ["inbox.0", "inbox.1"], [5.0, 900.0], [1000.0, 50.0]
+        await asyncio.get_running_loop().run_in_executor(None, w.compute, b, cfg,
+                                                         time.monotonic())
+        await asyncio.sleep(0)
+        replies = [(s, dm(d)) for s, d in sent if s.startswith("inbox.")]
+        to_client = dict(replies)
+        assert sorted(s for s, _ in replies) == ["inbox.0", "inbox.1"]  # one message each
+        assert to_client["inbox.0"]["id"] == "d-0" and "error" not in to_client["inbox.0"]
+        assert to_client["inbox.1"]["error"]["code"] == "deadline_exceeded"
+        res = _results(sent)
+        late = [r for r in res if r.error]
+        assert [(r.ids, r.direct, r.error["code"]) for r in late] == [
+            (["d-1"], True, "deadline_exceeded")]               # recorded, not answered again
+        assert [i for r in res if not r.error for i in r.ids] == ["d-0"]
+        assert w.late_answers == 1
+
+    asyncio.run(asyncio.wait_for(go(), 60))

@@ -132,9 +132,10 @@ class Worker:
             return
         unknown = sorted((set(config.thresholds) | set(config.active) | set(config.heads))
                          - {r.index for r in self.manifest.ramps})
-        if unknown:  # the last good config stays in force
-            self.log.error("exit config refused %s", logs.kv(
-                version=config.version, error=f"ramps {unknown} do not exist in this model"))
+        why = (f"ramps {unknown} do not exist in this model" if unknown
+               else await self.loop.run_in_executor(None, self.not_issued, config))
+        if why:  # the last good config stays in force
+            self.log.error("exit config refused %s", logs.kv(version=config.version, error=why))
             return
         # Build the sessions the new active set and heads need before it is applied, off the
         # event loop and at low priority, so no batch waits for (or competes with) session
@@ -148,6 +149,21 @@ class Worker:
         self._log_tap_notes()
         if config.version > self._newest_version():
             self.next_config = config  # swapped in between batches, never mid-batch
+
+    def not_issued(self, config: ExitConfig) -> str | None:
+        """Why ``config`` is not one the store issued (None: it is, as sent). Every config
+        is stored before it is broadcast, so one the store does not hold was forged or
+        mangled: a version far ahead would make every later real config look old."""
+        if self.store is None:
+            return None
+        row = next((r for r in self.store.exit_configs(config.model, config.version - 1)
+                    if r.version == config.version), None)
+        if row is None:
+            return f"the store issued no version {config.version}"
+        if ((row.mode, row.thresholds, sorted(row.active), dict(row.heads))
+                != (config.mode, config.thresholds, sorted(config.active), config.heads)):
+            return f"version {config.version} differs from the one the store issued"
+        return None
 
     def warm(self, config: ExitConfig) -> None:
         """Build the sessions ``config`` needs: with feature outputs too, for the batches

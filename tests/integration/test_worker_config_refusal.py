@@ -46,3 +46,44 @@ def test_invalid_exit_configs_are_refused_and_the_last_good_one_stays(tiny_dir, 
     assert [c.version for c in seen] == [5, 5, 5]
     assert "unknown score kind 'bogus'" in caplog.text
     assert "ramps [99] do not exist in this model" in caplog.text
+
+
+async def _run_with_store(tiny_dir, store) -> list:
+    from services.runtime.manifest import Manifest
+    from services.runtime.stage import StageRuntime
+    from services.worker.service import StagePlan, Worker
+
+    manifest = Manifest.load(tiny_dir)
+    runtime = StageRuntime(tiny_dir, manifest, 0, manifest.num_blocks)
+    w = Worker(SimpleNamespace(max_payload=8 << 20), config_mod.load(),
+               StagePlan("tiny", 0, 1, 0, manifest.num_blocks), manifest, runtime, store,
+               logging.getLogger("test"))
+    ramps = [r.index for r in manifest.ramps]
+    row = store.save_exit_config("tiny", {r: 0.2 for r in ramps}, ramps[:1], "latency", "test")
+    issued = ExitConfig("tiny", row.version, thresholds=dict(row.thresholds),
+                        active=list(row.active))
+    forged = ExitConfig("tiny", 999_999, thresholds={r: 1.0 for r in ramps}, active=ramps[:1])
+    mangled = ExitConfig("tiny", row.version, thresholds={r: 1.0 for r in ramps},
+                         active=ramps[:1])
+    seen = []
+    for config in (forged, mangled, issued):
+        await w.on_config(_msg(config))
+        seen.append(None if w.next_config is None else w.next_config.version)
+    return seen, row.version
+
+
+def test_a_version_the_store_did_not_issue_is_refused(tiny_dir, tmp_path, caplog):
+    from services.store.migrate import upgrade
+    from services.store.repository import Store
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    store = Store(url)
+    try:
+        with caplog.at_level(logging.ERROR):
+            seen, version = asyncio.run(_run_with_store(tiny_dir, store))
+    finally:
+        store.close()
+    assert seen == [None, None, version]  # forged and mangled refused, the issued one taken
+    assert "the store issued no version 999999" in caplog.text
+    assert f"version {version} differs from the one the store issued" in caplog.text

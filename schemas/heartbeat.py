@@ -29,6 +29,7 @@ class Heartbeat:
     batches: int = 0        # batches completed since start
     set_aside: int = 0      # batches waiting for their feedback re-run
     gave_way: int = 0       # runs stopped for a waiting batch since start
+    late: int = 0           # answers past their SLO since start (sent as deadline_exceeded)
     config_version: int = 0
     t: float = 0.0          # unix seconds
 
@@ -39,7 +40,8 @@ class Heartbeat:
                      "capacity": int(self.capacity), "pid": int(self.pid), "host": self.host,
                      "busy": bool(self.busy), "queued": int(self.queued),
                      "batches": int(self.batches), "set_aside": int(self.set_aside),
-                     "gave_way": int(self.gave_way), "config_version": int(self.config_version),
+                     "gave_way": int(self.gave_way), "late": int(self.late),
+                     "config_version": int(self.config_version),
                      "t": float(self.t)})
 
     @classmethod
@@ -51,4 +53,5 @@ class Heartbeat:
                    pid=f.integer("pid", 0), host=f.text("host", ""), busy=f.flag("busy", False),
                    queued=f.integer("queued", 0), batches=f.integer("batches", 0),
                    set_aside=f.integer("set_aside", 0), gave_way=f.integer("gave_way", 0),
+                   late=f.integer("late", 0),
                    config_version=f.integer("config_version", 0), t=f.number("t", 0.0))

@@ -42,7 +42,7 @@ def render(status: dict[str, Any]) -> str:
         for w in m["workers"]:
             lines.append(f"  worker {w['id']} stage={w['stage']} pid={w['pid']} credit={w['credit']} "
                          f"exit_config=v{w['config_version']} gave_way={w.get('gave_way', 0)} "
-                         f"set_aside={w.get('set_aside', 0)}")
+                         f"set_aside={w.get('set_aside', 0)} late={w.get('late', 0)}")
     monitor = status.get("monitor", {})
     if "error" in monitor:
         lines.append(f"monitor: {monitor['error']}")

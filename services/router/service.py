@@ -311,7 +311,7 @@ class Router:
                 return
             new = self.registry.heartbeat(hb.worker, hb.model, hb.stage, hb.stages, hb.capacity,
                                           time.monotonic(), hb.pid, hb.config_version,
-                                          hb.set_aside, hb.gave_way)
+                                          hb.set_aside, hb.gave_way, hb.late)
             if new:
                 self.log.info("worker joined %s", logs.kv(worker=hb.worker, model=hb.model,
                                                          stage=hb.stage))
@@ -396,7 +396,7 @@ class Router:
                 "p95_ms": None if lat is None else float(np.percentile(lat, 95)),
                 "workers": [{"id": w.id, "stage": w.stage, "pid": w.pid, "credit": w.credit,
                              "config_version": w.config_version, "set_aside": w.set_aside,
-                             "gave_way": w.gave_way}
+                             "gave_way": w.gave_way, "late": w.late}
                             for w in self.registry.for_model(name)],
             }
         await msg.respond(pack({"v": 1, "router": self.id, "models": out}))

@@ -29,6 +29,7 @@ class WorkerState:
     config_version: int = 0
     set_aside: int = 0   # batches whose feedback run gave way, waiting for a re-run
     gave_way: int = 0    # runs it stopped for a waiting batch since start
+    late: int = 0        # answers it sent as deadline_exceeded since start
     inflight: dict[str, Inflight] = field(default_factory=dict)
 
     @property
@@ -43,17 +44,17 @@ class WorkerRegistry:
 
     def heartbeat(self, worker: str, model: str, stage: int, stages: int, capacity: int,
                   now: float, pid: int = 0, config_version: int = 0, set_aside: int = 0,
-                  gave_way: int = 0) -> bool:
+                  gave_way: int = 0, late: int = 0) -> bool:
         """Record a heartbeat; True when the worker is new (or came back)."""
         state = self.workers.get(worker)
         if state is None:
             self.workers[worker] = WorkerState(worker, model, stage, stages, capacity, now, pid,
-                                               config_version, set_aside, gave_way)
+                                               config_version, set_aside, gave_way, late)
             return True
         state.last_seen = now
         state.capacity = capacity
         state.config_version = config_version
-        state.set_aside, state.gave_way = set_aside, gave_way
+        state.set_aside, state.gave_way, state.late = set_aside, gave_way, late
         return False
 
     def remove(self, worker: str) -> WorkerState | None:

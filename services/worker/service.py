@@ -512,7 +512,7 @@ class Worker:
                 stages=self.plan.stages, capacity=self.cfg.worker_credit,
                 first_block=self.plan.first_block, last_block=self.plan.last_block, pid=pid,
                 host=host, busy=self.busy, queued=self.queue.qsize(), batches=self.batches,
-                set_aside=len(self.backlog), gave_way=self.backlog.cut,
+                set_aside=len(self.backlog), gave_way=self.backlog.cut, late=self.late_answers,
                 config_version=self.config.version, t=time.time()).encode())
             if self.store is not None and now - last_store > STORE_HEARTBEAT_S:
                 last_store = now

@@ -61,8 +61,10 @@ def test_unknown_policy_is_a_clear_error():
 def test_registry_credit_liveness_and_readiness():
     reg = WorkerRegistry(timeout_s=0.6)
     assert reg.heartbeat("a", "m", 0, 2, capacity=2, now=0.0)
-    assert not reg.heartbeat("a", "m", 0, 2, capacity=2, now=0.1, set_aside=3, gave_way=7)
-    assert (reg.workers["a"].set_aside, reg.workers["a"].gave_way) == (3, 7)  # for status
+    assert not reg.heartbeat("a", "m", 0, 2, capacity=2, now=0.1, set_aside=3, gave_way=7,
+                             late=4)
+    assert (reg.workers["a"].set_aside, reg.workers["a"].gave_way,
+            reg.workers["a"].late) == (3, 7, 4)  # for status
     assert not reg.ready("m")                       # stage 1 missing
     reg.heartbeat("b", "m", 1, 2, capacity=2, now=0.1)
     assert reg.ready("m")

@@ -563,7 +563,8 @@ def assert_refused(decode: Any, msg: Any, *fragments: str) -> None:
 
 HEARTBEAT = Heartbeat(worker="tiny-s1-abcdef", model="tiny", stage=1, stages=2, capacity=2,
                       first_block=2, last_block=4, pid=4321, host="node-1", busy=True, queued=3,
-                      batches=17, set_aside=1, gave_way=5, config_version=6, t=1700000000.25)
+                      batches=17, set_aside=1, gave_way=5, late=2, config_version=6,
+                      t=1700000000.25)
 
 
 def test_heartbeat_fields_round_trip_and_bytes() -> None:

@@ -6,6 +6,7 @@ The service estimate is the router's expected dispatch -> release time of one ba
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -58,7 +59,7 @@ def refuse_for_no_workers(has_worker: bool, now: float, started: float,
 def retry_after_ms(service_ms: float, queued: int, max_batch: int,
                    drain_per_s: float | None = None, parallel: int = 1) -> float:
     """Hint of an ``overloaded`` reply: about the time the queue takes to drain, to 0.1 ms.
-    From the rate requests were recently served (``drain_per_s``, see ``drain_rate``) when
+    From the rate requests were recently served (``drain_per_s``, see ``DrainRate``) when
     known: what every worker together serves, pipelined. Else what is queued, in batches of
     ``max_batch``, each taking one batch's dispatch-to-release time, ``parallel`` batches at
     once (workers x batches each may hold)."""
@@ -68,17 +69,31 @@ def retry_after_ms(service_ms: float, queued: int, max_batch: int,
     return round(max(MIN_RETRY_AFTER_MS, service_ms * batches), 1)
 
 
-def drain_rate(served: Iterable[tuple[float, int]], now: float,
-               window_s: float = DRAIN_WINDOW_S) -> float | None:
-    """Requests per second served over the last ``window_s`` (``served``: (time, requests)
-    per released batch), over the time since the first release in it (at least
-    ``MIN_DRAIN_SPAN_S``: a burst's first batches do not make a rate alone); None when none
-    were."""
-    recent = [(t, k) for t, k in served if now - t <= window_s]
-    if not recent:
-        return None
-    span = max(now - min(t for t, _ in recent), MIN_DRAIN_SPAN_S)
-    return sum(k for _, k in recent) / span
+class DrainRate:
+    """Requests per second served over the last ``window_s``, over the time since the first
+    release in it (at least ``MIN_DRAIN_SPAN_S``: a burst's first batches do not make a rate
+    alone). Kept as releases come, so an overloaded intake reads it in O(1)."""
+
+    def __init__(self, window_s: float = DRAIN_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.released: deque[tuple[float, int]] = deque()  # (time, requests) per batch
+        self.total = 0
+
+    def add(self, now: float, requests: int) -> None:
+        self.released.append((now, requests))
+        self.total += requests
+        self._forget(now)
+
+    def rate(self, now: float) -> float | None:
+        """Requests per second, or None when nothing was served within the window."""
+        self._forget(now)
+        if not self.released:
+            return None
+        return self.total / max(now - self.released[0][0], MIN_DRAIN_SPAN_S)
+
+    def _forget(self, now: float) -> None:
+        while self.released and now - self.released[0][0] > self.window_s:
+            self.total -= self.released.popleft()[1]
 
 
 # ---------------------------------------------------------------- service estimate
@@ -189,11 +204,6 @@ def track_worker_absence(has_worker: bool, since: float | None, now: float, queu
     if since is None:
         return WorkerAbsence(now, False)
     return WorkerAbsence(since, now - since > grace_s and queued > 0)
-
-
-def overdue(entries: Iterable[Pending], now: float) -> list[Pending]:
-    """Requests whose deadline has come (the same ``<=`` as :meth:`EDFQueue.expire`)."""
-    return [e for e in entries if e.deadline <= now]
 
 
 def client_error_code(code: object) -> str:

@@ -62,8 +62,7 @@ class ModelState:
     early: int = 0
     records: list[RequestRecord] = field(default_factory=list)
     dispatching: bool = False                 # a dispatch pass is running (at most one)
-    # (time, requests) per released batch, recent ones: the drain rate of retry hints
-    released: deque = field(default_factory=lambda: deque(maxlen=4096))
+    drained: admission.DrainRate = field(default_factory=admission.DrainRate)  # retry hints
 
 
 class Router:
@@ -115,7 +114,7 @@ class Router:
                 workers = sum(w.stage == 0 for w in self.registry.for_model(subject_model))
                 retry = admission.retry_after_ms(
                     state.service_ms, len(state.queue), self.policy_batch(),
-                    admission.drain_rate(state.released, now), workers * self.cfg.worker_credit)
+                    state.drained.rate(now), workers * self.cfg.worker_credit)
                 raise ServingError(errors.OVERLOADED,
                                    f"queue for {subject_model!r} is full ({state.queue.limit} waiting)",
                                    retry_after_ms=retry) from None
@@ -208,7 +207,7 @@ class Router:
                 state = self.models[inflight.model]
                 elapsed = (now - inflight.dispatched) * 1e3
                 state.service_ms = admission.updated_service_ms(state.service_ms, elapsed)
-                state.released.append((now, inflight.size))
+                state.drained.add(now, inflight.size)
                 self.kick(inflight.model, state)
 
     # ------------------------------------------------------------------ dispatch
@@ -348,11 +347,9 @@ class Router:
             if absence.drain:
                 for e in state.queue.drain():
                     self.reply_error(e, errors.NO_WORKERS, f"no live worker serves {name!r}")
-        # requests dispatched with their reply subjects are their worker's to answer, late
-        # or not (one reply per request); a lost worker's come back through its loss above
-        for e in admission.overdue(self.pending.values(), now):
-            if e.attempts == 0:
-                self.reply_error(e, errors.DEADLINE_EXCEEDED, "deadline passed while in flight")
+        # nothing in flight is answered here: a request dispatched with its reply subject is
+        # its worker's to answer, late or not (one reply per request); a lost worker's come
+        # back through its loss above
 
     # ------------------------------------------------------------------ telemetry + status
 

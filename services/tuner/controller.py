@@ -62,7 +62,7 @@ import numpy as np
 
 from services.exits.exit_window import ExitWindow
 from services.exits.latency_profile import LatencyProfile
-from services.tuner.evidence_adjust import choose_active
+from services.tuner.evidence_adjust import EvidenceChoice, choose_active
 from services.tuner.ramp_adjust import ADJUST_EVERY, DEFAULT_BUDGET, AdjustInput, adjust
 from services.tuner.thresholds import (
     DEFAULT_CONSTRAINT,
@@ -301,11 +301,8 @@ class ExitController:
             c = choose_active(ev, self.profile, self.active, self.budget, self.tune_constraint,
                               self.climb)
             self.trials |= set(sites) & set(c.active)
-            return self._decision("refit", trigger, "refit", f"ramps {sites} serve refitted "
-                                  f"heads; {c.reason}", c.active, c.thresholds, ev.n_samples,
-                                  c.savings_ms,
-                                  deactivated=tuple(sorted(set(self.active) - set(c.active))),
-                                  added=tuple(sorted(set(c.active) - set(self.active))))
+            return self._chosen("refit", trigger, "refit",
+                                f"ramps {sites} serve refitted heads; {c.reason}", c, ev)
         self.trials |= set(sites) & set(self.active)
         th = tuple(0.0 if r in sites else t for r, t in zip(self.active, self.thresholds))
         return self._decision("refit", trigger, "refit", f"ramps {sites} serve refitted "
@@ -397,10 +394,7 @@ class ExitController:
             if c.active == self.active:
                 return self._decision("adjust", trigger, "keep", c.reason, self.active,
                                       self.thresholds, ev.n_samples, None)
-            return self._decision("adjust", trigger, "evidence_switch", c.reason, c.active,
-                                  c.thresholds, ev.n_samples, c.savings_ms,
-                                  deactivated=tuple(sorted(set(self.active) - set(c.active))),
-                                  added=tuple(sorted(set(c.active) - set(self.active))))
+            return self._chosen("adjust", trigger, "evidence_switch", c.reason, c, ev)
         w = self.recent(self.adjust_window)
         if w is None:
             return self._decision("adjust", trigger, "keep", "no feedback holds every active "
@@ -430,6 +424,14 @@ class ExitController:
         return self._decision("adjust", trigger, d.action, d.reason, d.active, d.thresholds,
                               w.n_samples, None, utilities=d.utilities,
                               deactivated=d.deactivated, added=d.added, window=w)
+
+    def _chosen(self, kind: str, trigger: Trigger, action: str, reason: str,
+                c: EvidenceChoice, ev: ExitWindow) -> TunerDecision:
+        """Deploy an active set and thresholds chosen on the evidence window ``ev``."""
+        return self._decision(kind, trigger, action, reason, c.active, c.thresholds,
+                              ev.n_samples, c.savings_ms,
+                              deactivated=tuple(sorted(set(self.active) - set(c.active))),
+                              added=tuple(sorted(set(c.active) - set(self.active))))
 
     def trial_cooldown(self) -> int:
         """Adjust rounds with no new trial after the latest failed one (see module doc)."""

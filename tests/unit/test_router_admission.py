@@ -196,11 +196,6 @@ def test_track_worker_absence_never_drains_on_first_sight():
         adm.WorkerAbsence(10.0, False)
 
 
-def test_overdue_includes_the_deadline_itself():
-    entries = [_p(0, 9.0), _p(1, 10.0), _p(2, 10.001)]
-    assert [e.id for e in adm.overdue(entries, 10.0)] == ["0", "1"]
-
-
 @pytest.mark.parametrize("code,expected", [
     ("overloaded", "overloaded"), ("payload_too_large", "payload_too_large"),
     ("segfault", "internal"), (None, "internal"), (3, "internal"), (["x"], "internal"),
@@ -218,15 +213,20 @@ def test_payload_cap_for_an_image_batch():
 def test_retry_after_from_the_recent_drain_rate():
     # two workers pipelining batches of 16 in 20 ms each: 1,600 requests/s, far more than
     # one batch's dispatch-to-release time says (16 per 20 ms = 800/s)
-    served = [(10.0 + 0.01 * i, 16) for i in range(200)]  # 2 s of releases
-    rate = adm.drain_rate(served, now=12.0)
+    drained = adm.DrainRate()
+    for i in range(300):  # 3 s of releases; the window keeps the last 2 s
+        drained.add(9.0 + 0.01 * i, 16)
+    rate = drained.rate(11.99)
     assert rate == pytest.approx(3200 / 1.99, rel=0.02)
+    assert len(drained.released) <= 201  # older releases are forgotten as new ones come
     assert adm.retry_after_ms(20.0, 1024, 16, rate) == pytest.approx(1e3 * 1024 / rate, abs=0.1)
-    assert adm.drain_rate(served, now=20.0) is None           # nothing recent
-    assert adm.drain_rate([], now=1.0) is None
+    assert drained.rate(20.0) is None and drained.total == 0  # nothing recent
+    assert adm.DrainRate().rate(1.0) is None
     assert adm.retry_after_ms(20.0, 0, 16, 100.0) == 1.0      # floor
     # a burst's first release: the rate over at least 0.1 s, not over the whole window
-    assert adm.drain_rate([(5.0, 16)], now=5.01) == pytest.approx(160.0)
+    first = adm.DrainRate()
+    first.add(5.0, 16)
+    assert first.rate(5.01) == pytest.approx(160.0)
 
 
 def test_retry_after_before_anything_was_served_counts_batches_served_at_once():

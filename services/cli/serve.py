@@ -20,9 +20,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from services.common import metrics
     from services.common.service_loop import run_service
 
     cfg = config_mod.load()
+    metrics.serve(cfg.metrics_port, cfg.metrics_bind)  # OFFRAMP_METRICS_PORT unset: off
     if args.service == "router":
         from services.router.service import serve
         run_service(lambda stop: serve(cfg, stop))

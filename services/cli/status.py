@@ -13,6 +13,7 @@ from services.common import bus
 from services.common import config as config_mod
 from services.common.client import InferError, request_raw
 from services.common.config import Config
+from services.launcher import metrics_ports
 
 
 async def collect(cfg: Config, url: str) -> dict[str, Any]:
@@ -53,11 +54,15 @@ def render(status: dict[str, Any]) -> str:
                          f"exit_rate={w['exit_rate']:.3f}")
         lines.append(f"monitor stored: {monitor.get('requests_stored', 0)} request rows, "
                      f"{monitor.get('windows_stored', 0)} windows")
+    metrics = status.get("metrics") or {}
+    for name, port in sorted(metrics.get("ports", {}).items()):
+        lines.append(f"metrics {name}: {metrics_ports.url(metrics['bind'], port)}")
     return "\n".join(lines)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    st = sub.add_parser("status", help="workers, queues, exit configs, recent latency")
+    st = sub.add_parser("status", help="workers, queues, exit configs, recent latency, "
+                        "metrics ports")
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=run)
 
@@ -65,5 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = config_mod.load()
     status = asyncio.run(collect(cfg, nats_url(cfg)))
+    if (ports := metrics_ports.read(cfg.home)) is not None:  # a live `offramp up` here
+        status["metrics"] = ports
     print(json.dumps(status, indent=2, default=str) if args.json else render(status))
     return 0

@@ -48,6 +48,8 @@ class Config:
     ramp_feature_rate: float = 0.25
     ramp_feature_max_per_s: float = 200.0
     refit: bool = True  # the tuner refits ramp heads from the features (needs a rate > 0)
+    metrics_port: int | None = None  # None: no metrics (`offramp up` gives each child one)
+    metrics_bind: str = "127.0.0.1"
 
     def as_env(self) -> dict[str, str]:
         """The environment a child service needs to see this same configuration."""
@@ -78,9 +80,12 @@ class Config:
             "OFFRAMP_RAMP_FEATURE_RATE": str(self.ramp_feature_rate),
             "OFFRAMP_RAMP_FEATURE_MAX_PER_S": str(self.ramp_feature_max_per_s),
             "OFFRAMP_REFIT": "1" if self.refit else "0",
+            "OFFRAMP_METRICS_BIND": self.metrics_bind,
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
+        if self.metrics_port is not None:
+            env["OFFRAMP_METRICS_PORT"] = str(self.metrics_port)
         return env
 
 
@@ -110,6 +115,8 @@ DOCUMENTED = [
     ("OFFRAMP_ADAPT", "0", "1: `offramp up` also runs the tuner (continual exit adaptation)"),
     ("OFFRAMP_TUNER_NATIVE", "1", "0: the tuner climbs in Python instead of its compiled climb (same decisions; for comparison)"),
     ("OFFRAMP_NATS_PROCS", "0", "GOMAXPROCS of the NATS server `offramp up` starts (0 = 1 on machines of up to 4 cores, else Go's default)"),
+    ("OFFRAMP_METRICS_PORT", "(unset: off; `offramp up`: a free port per service)", "port of a service's Prometheus `/metrics`; `offramp up` gives its services consecutive ports from it and lists them in `offramp status`"),
+    ("OFFRAMP_METRICS_BIND", "127.0.0.1", "address the metrics port listens on (0.0.0.0 in containers)"),
 ]
 
 
@@ -160,6 +167,8 @@ def _load() -> Config:
         ramp_feature_rate=_fraction("OFFRAMP_RAMP_FEATURE_RATE", "0.25"),
         ramp_feature_max_per_s=_non_negative_float("OFFRAMP_RAMP_FEATURE_MAX_PER_S", "200"),
         refit=_env("OFFRAMP_REFIT", "1") != "0",
+        metrics_port=_port("OFFRAMP_METRICS_PORT"),
+        metrics_bind=_env("OFFRAMP_METRICS_BIND", "127.0.0.1"),
     )
 
 
@@ -186,6 +195,16 @@ def _non_negative_float(name: str, default: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise ConfigError(f"{name}={value}: must be a finite number >= 0")
     return value
+
+
+def _port(name: str) -> int | None:
+    """A port number, or None when the variable is unset or empty."""
+    text = _env(name, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) > 65535:
+        raise ConfigError(f"{name}={text!r}: not a port number (0-65535)")
+    return int(text)
 
 
 def _fraction(name: str, default: str) -> float:

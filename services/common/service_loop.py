@@ -7,6 +7,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 
+from services.common import metrics
 from services.common.memory import keep_large_buffers
 
 
@@ -46,7 +47,7 @@ def spawn(coro: Awaitable[None], tasks: set[asyncio.Task], log=None) -> asyncio.
 RESTART_FIRST_S = 0.1   # wait before restarting a failed loop, doubled per failure in a row
 RESTART_MAX_S = 5.0
 HEALTHY_S = 60.0        # a loop that ran this long before failing starts from the first wait
-restarts: dict[str, int] = {}  # loop name -> restarts since the process started
+restarts: dict[str, int] = {}  # loop name -> restarts since the process started (also a metric)
 
 
 def supervise(name: str, make: Callable[[], Awaitable[None]], tasks: set[asyncio.Task],
@@ -66,6 +67,7 @@ def supervise(name: str, make: Callable[[], Awaitable[None]], tasks: set[asyncio
                 if time.monotonic() - started >= HEALTHY_S:
                     wait = RESTART_FIRST_S
                 restarts[name] = restarts.get(name, 0) + 1
+                metrics.RESTARTS.labels(name).inc()
                 log.error("background loop failed, restarting %s", f"loop={name} "
                           f"in_s={wait:g} restarts={restarts[name]}", exc_info=exc)
             await asyncio.sleep(wait)

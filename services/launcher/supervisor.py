@@ -21,6 +21,7 @@ from services.common import bus
 from services.common.client import models as list_models
 from services.common.config import Config
 from services.exits.initial import initial_ramps
+from services.launcher import metrics_ports
 from services.launcher.natsserver import EmbeddedNats
 from services.prepare.pipeline import ZOO, load_if_intact, prepare
 from services.runtime.manifest import Manifest
@@ -45,6 +46,7 @@ class Child:
     restart_at: float | None = None
     restarts: int = 0
     log_file: Path | None = None
+    metrics_port: int | None = None  # kept across restarts: the scrape target stays put
 
 
 @dataclass
@@ -127,11 +129,21 @@ class Supervisor:
                     argv = base + ["worker", "--model", model, "--stage", str(stage),
                                    "--cuts", ",".join(map(str, cuts))]
                     self.children.append(Child(f"worker-{model}-s{stage}-r{r}", argv))
+        self.assign_metrics_ports()
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         for child in self.children:
             self._spawn(child)
         return self.url
+
+    def assign_metrics_ports(self) -> None:
+        """A metrics port per child (``metrics_ports.assign``), recorded for ``offramp
+        status``."""
+        ports = metrics_ports.assign([c.name for c in self.children], self.cfg.metrics_port,
+                                     self.cfg.metrics_bind)
+        for child in self.children:
+            child.metrics_port = ports[child.name]
+        metrics_ports.write(self.cfg.home, ports, self.cfg.metrics_bind)
 
     def workers(self) -> int:
         """Worker processes this deployment starts: every stage of every model, replicated."""
@@ -148,7 +160,9 @@ class Supervisor:
         if self.log_dir is not None:
             child.log_file = self.log_dir / f"{child.name}.log"
             out = open(child.log_file, "ab")  # noqa: SIM115 - owned by the child
-        child.proc = subprocess.Popen(child.argv, env=self.env, stdout=out, stderr=out,
+        env = self.env if child.metrics_port is None else {
+            **self.env, "OFFRAMP_METRICS_PORT": str(child.metrics_port)}
+        child.proc = subprocess.Popen(child.argv, env=env, stdout=out, stderr=out,
                                       stdin=subprocess.DEVNULL, start_new_session=True)
         child.started = time.monotonic()
         child.restart_at = None
@@ -230,6 +244,7 @@ class Supervisor:
                     child.proc.wait()
             child.restart_at = None
             child.proc = None
+        metrics_ports.remove(self.cfg.home)
         if self.nats is not None:
             self.nats.stop()
 

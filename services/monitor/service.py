@@ -21,7 +21,7 @@ from schemas import subjects
 from schemas.codec import pack
 from schemas.messages import decode_map
 from schemas.telemetry import RequestTelemetry, SampleTelemetry
-from services.common import bus, logs
+from services.common import bus, logs, metrics
 from services.common.config import Config
 from services.monitor.profile_windows import ProfileWindow, SampleBatch, WindowTracker, utc_datetime
 from services.store.repository import Store
@@ -45,6 +45,9 @@ class Monitor:
         self.last_sample = time.monotonic()
         self.requests_stored = 0
         self.windows_stored = 0
+        self.agreement = metrics.Children(metrics.AGREEMENT)
+        self.exit_rate = metrics.Children(metrics.EXIT_RATE)
+        self.windows_closed = metrics.Children(metrics.WINDOWS)
 
     async def handle(self, msg: Msg) -> None:
         # the publisher's message id: stable across redeliveries and across a re-created
@@ -86,6 +89,9 @@ class Monitor:
         key = f"win:{win.model}:{win.first_key}"
         await asyncio.to_thread(self.store.add_exit_profiles, win.rows(), key)
         self.windows_stored += 1
+        self.agreement[win.model].set(win.agreement)
+        self.exit_rate[win.model].set(win.exit_rate)
+        self.windows_closed[win.model].inc()
         for m in self.unacked.pop(win.first_key, []):
             await m.ack()
 

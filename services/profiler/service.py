@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from services.common import logs
+from services.common import logs, metrics
 from services.common.config import Config
 from services.profiler.latency import BATCH_SIZES, from_manifest, measure
 from services.runtime.devices import device_class
@@ -104,6 +104,7 @@ class Profiler:
                     await asyncio.to_thread(self.store.save_latency_profile, name, self.device,
                                             rows, True)
                     self.done.add(key)
+                    metrics.PROFILES.labels(name, "prepared").inc()
                     self.log.info("profile of %s taken from its preparation on this device class",
                                   name)
                     return True
@@ -121,9 +122,11 @@ class Profiler:
             return False
         except Exception as exc:  # noqa: BLE001 - e.g. artifacts not on this host
             self.failed[key] = asyncio.get_running_loop().time()
+            metrics.PROFILES.labels(name, "failed").inc()
             self.log.warning("cannot profile %s: %r (retry in %.0fs)", name, exc, FAILED_RETRY_S)
             return False
         self.done.add(key)
+        metrics.PROFILES.labels(name, "measured").inc()
         full = ",".join(f"{r['batch_size']}:{r['ms']}" for r in rows if r["kind"] == "full")
         self.log.info(
             "profiled %s", logs.kv(model=name, device=self.device, rows=len(rows), full_ms=full)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +33,7 @@ from schemas.messages import (
     request_id_of,
 )
 from schemas.telemetry import OK, RequestRecord, RequestTelemetry
-from services.common import bus, logs
+from services.common import bus, logs, metrics
 from services.common.config import Config
 from services.common.hotpath import publish_now, subscribe_direct
 from services.common.payload_chunks import payload_chunks
@@ -63,6 +63,30 @@ class ModelState:
     records: list[RequestRecord] = field(default_factory=list)
     dispatching: bool = False                 # a dispatch pass is running (at most one)
     drained: admission.DrainRate = field(default_factory=admission.DrainRate)  # retry hints
+    waits_ms: list[list[float]] = field(default_factory=list)  # queue waits of batches sent
+
+
+class ModelMetrics:
+    """One model's metric children. Updated from the records and queue waits kept anyway,
+    once per flush: nothing per request on the hot path."""
+
+    def __init__(self, model: str) -> None:
+        self.requests = metrics.Children(metrics.REQUESTS, model)
+        self.exits = metrics.Children(metrics.EXITS, model)
+        self.latency = metrics.REQUEST_SECONDS.labels(model)
+        self.waits = metrics.QUEUE_SECONDS.labels(model)
+        self.queued = metrics.QUEUED.labels(model)
+
+    def count(self, records: list[RequestRecord], waits_ms: list[list[float]],
+              queued: int) -> None:
+        for code, n in Counter(r.status for r in records).items():
+            self.requests[code].inc(n)
+        ok = [r for r in records if r.status == OK]
+        for ramp, n in Counter(r.exit for r in ok).items():
+            self.exits[metrics.FINAL if ramp is None or ramp < 0 else ramp].inc(n)
+        self.latency.observe_many([r.latency_ms for r in ok], scale=1e-3)
+        self.waits.observe_many([w for batch in waits_ms for w in batch], scale=1e-3)
+        self.queued.set(queued)
 
 
 class Router:
@@ -76,6 +100,7 @@ class Router:
         self.models = {name: ModelState(spec, EDFQueue(cfg.queue_limit),
                                         admission.initial_service_ms(spec.full_ms))
                        for name, spec in specs.items()}
+        self.metered = {name: ModelMetrics(name) for name in specs}
         self.registry = WorkerRegistry(timeout_s=admission.worker_timeout_s(cfg.heartbeat_ms))
         self.pending: dict[str, Pending] = {}
         self.tasks: set[asyncio.Task] = set()
@@ -275,10 +300,10 @@ class Router:
                   {n: np.stack([e.inputs[n] for e in batch]) for n in names})
         # Workers answer clients directly (one hop less on every request); the router
         # still learns of each answer from the Results message and records it.
+        ages_ms = [(now - e.arrival) * 1e3 for e in batch]
         msg = Batch(batch_id=batch_id, model=model, stage=0, router=subjects.results(self.id),
                     ids=[e.id for e in batch], config_version=0, inputs=inputs,
-                    replies=[e.reply for e in batch],
-                    ages_ms=[(now - e.arrival) * 1e3 for e in batch],
+                    replies=[e.reply for e in batch], ages_ms=ages_ms,
                     slos_ms=[(e.deadline - e.arrival) * 1e3 for e in batch])
         data = msg.encode()
         if len(data) > self.nc.max_payload and len(batch) > 1:
@@ -290,6 +315,7 @@ class Router:
             return
         for e in batch:
             e.attempts += 1
+        state.waits_ms.append(ages_ms)  # the queue-time metric, observed at the next flush
         w = self.registry.workers[worker_id]
         w.inflight[batch_id] = Inflight(batch_id, worker_id, model, batch, now, len(batch))
         try:
@@ -360,10 +386,12 @@ class Router:
 
     async def flush_records(self) -> None:
         """Publish the records kept since the last flush, in messages under the bus's
-        max_payload (a burst's records would not fit one)."""
+        max_payload (a burst's records would not fit one), and count them in the metrics."""
         for name, state in self.models.items():
-            if state.records:
-                records, state.records = state.records, []
+            records, state.records = state.records, []
+            waits, state.waits_ms = state.waits_ms, []
+            self.metered[name].count(records, waits, len(state.queue))
+            if records:
                 messages, dropped = payload_chunks(
                     records, lambda rs, name=name: RequestTelemetry(name, self.id, rs).encode(),
                     self.nc.max_payload)

@@ -33,7 +33,7 @@ from threadpoolctl import threadpool_limits
 from schemas import subjects
 from schemas.messages import ExitConfig, decode_map
 from schemas.telemetry import RampFeatures, SampleTelemetry
-from services.common import bus, logs
+from services.common import bus, logs, metrics
 from services.common.background import run_low
 from services.common.config import Config
 from services.common.service_loop import spawn
@@ -107,6 +107,7 @@ class Tuner:
         self.models: dict[str, ModelTuner] = {}
         self.tasks: set[asyncio.Task] = set()
         self.lock = asyncio.Lock()  # one decision at a time: versions stay in order
+        self.decision_seconds = metrics.Children(metrics.TUNER_DECISION_SECONDS)
 
     def load(self, name: str) -> ModelTuner:
         """Resume from the store: the saved controller if it matches the config in force,
@@ -178,6 +179,7 @@ class Tuner:
             t0 = time.perf_counter()
             decisions = tuner.controller.observe(window)
             ms = (time.perf_counter() - t0) * 1e3
+            self.decision_seconds[tuner.name].observe(ms / 1e3)
             for d in decisions:
                 await self._deploy(tuner, d, ms)
             if decisions or time.monotonic() - tuner.saved_at > STATE_EVERY_S:
@@ -288,6 +290,7 @@ class Tuner:
         config = ExitConfig(tuner.name, row.version, "latency", thresholds, list(d.active),
                             tuner.controller.score, dict(tuner.heads))
         await self.nc.publish(subjects.exit_config(tuner.name), config.encode())
+        metrics.TUNER_CONFIGS.labels(tuner.name, d.trigger).inc()  # rare: no child kept
         self.log.info("exit config deployed %s", logs.kv(
             model=tuner.name, version=row.version, trigger=d.trigger, action=d.action,
             active=",".join(map(str, d.active)), decide_ms=round(ms, 2)))

@@ -29,7 +29,7 @@ from schemas.errors import ServingError
 from schemas.heartbeat import Heartbeat
 from schemas.messages import Batch, ExitConfig, Results, decode_map, encode_error, encode_reply
 from schemas.telemetry import FINAL_LOGITS_MAX_CLASSES, RampFeatures, SampleTelemetry
-from services.common import bus, logs
+from services.common import bus, logs, metrics
 from services.common.background import run_low
 from services.common.config import Config
 from services.common.hotpath import flush_now, publish_many, subscribe_direct
@@ -106,6 +106,13 @@ class Worker:
         self.stage_ms = sum(b.cost_ms for b in manifest.blocks[plan.first_block:plan.last_block]) + \
             sum(r.cost_ms for r in self.ramps)
         self.started = datetime.now(UTC).replace(tzinfo=None)
+        stage = str(plan.stage)  # metric children made once, not per batch
+        self.stage_seconds = metrics.STAGE_SECONDS.labels(plan.model, stage)
+        self.batch_sizes = metrics.BATCH_SIZE.labels(plan.model, stage)
+        self.held_gauge = metrics.WORKER_INFLIGHT.labels(plan.model, stage)
+        self.version_gauge = metrics.EXIT_CONFIG_VERSION.labels(plan.model)
+        self.version_gauge.set(self.config.version)
+        metrics.WORKER_CREDIT.labels(plan.model, stage).set(cfg.worker_credit)
 
     # ------------------------------------------------------------------ messages
 
@@ -120,6 +127,7 @@ class Worker:
             self.process_inline(batch, received)  # idle and trivial: no hand-off to the run task
         else:
             self.queue.put_nowait((batch, received))
+            self.held_gauge.set(self.queue.qsize() + self.busy)
             self.backlog.preempt()  # a run with only feedback left gives way
 
     async def on_config(self, msg: Msg) -> None:
@@ -227,16 +235,19 @@ class Worker:
             if old.heads != self.config.heads:  # sessions of heads no config uses any more,
                 # dropped in a thread: it takes the lock a session build may hold
                 self.loop.run_in_executor(None, self.runtime.forget_heads, self.config.heads)
+            self.version_gauge.set(self.config.version)
             self.log.info("exit config applied %s", logs.kv(
                 version=self.config.version,
                 heads=",".join(f"{r}:{f}" for r, f in sorted(self.config.heads.items()))))
         self.busy = True
         self.inline = inline
+        self.held_gauge.set(self.queue.qsize() + 1)
 
     def _end(self, count: bool = True) -> None:
         self.busy = False
         self.inline = False
         self.batches += count
+        self.held_gauge.set(self.queue.qsize())
 
     def process_inline(self, batch: Batch, received: float) -> None:
         """A trivial batch on the event loop: each message goes out as soon as it is made."""
@@ -295,10 +306,14 @@ class Worker:
                    if self.want_features
                    else np.zeros(0, np.int64))
         out = self.run_stage(batch, config, received, exit_at, rerun, features=len(sampled) > 0)
+        if rerun is None:  # a re-run for feedback is the same batch again: metered once
+            self.batch_sizes.observe(len(batch.ids))
         if out is None:  # gave way to a waiting request: set aside, its feedback comes later
             return
         if rerun is not None:
             self.backlog.rerun += 1
+        else:
+            self.stage_seconds.observe(out.ms / 1e3)
         stage_ms = batch.stage_ms + [out.ms]
         if not self.plan.is_last:
             self.forward_to_next_stage(batch, config, received, out, stage_ms)
@@ -549,6 +564,7 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
     if row is not None:
         worker.config = ExitConfig(model, row.version, row.mode, dict(row.thresholds),
                                    list(row.active), heads=dict(row.heads))
+        worker.version_gauge.set(row.version)
     await asyncio.to_thread(runtime.preload_taps)
     await asyncio.to_thread(worker.warm, worker.config)
     worker._log_tap_notes()

@@ -7,6 +7,7 @@ services/cli/main.py breaks this test instead of a cluster start.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -162,3 +163,85 @@ def test_dockerfile_entrypoint_and_prepare_commands():
     assert {p.split()[1] for p in prepares} >= {"tiny", "efficientnet-lite0"}
     for p in prepares:
         assert parse_offramp(p).model in ZOO
+
+
+# ------------------------------------------------------------------ metrics: Prometheus, Grafana
+
+PROMETHEUS_CONF = ROOT / "compose" / "prometheus.yml"
+GRAFANA = ROOT / "compose" / "grafana"
+DASHBOARD = GRAFANA / "dashboards" / "offramp.json"
+
+
+def served(services) -> dict[str, str]:
+    """Compose services that run ``offramp serve X`` (they serve /metrics): name -> X."""
+    out = {}
+    for name, svc in services.items():
+        if "command" in svc and svc.get("build"):
+            args = parse_offramp(svc["command"])
+            if args.command == "serve":
+                out[name] = args.service
+    return out
+
+
+def mounts(svc) -> dict[str, str]:
+    """A service's bind mounts: container path -> host path (relative to the repository)."""
+    out = {}
+    for v in svc.get("volumes", []):
+        host, target = str(v).split(":")[:2]
+        if host.startswith("./"):
+            out[target] = host[2:]
+    return out
+
+
+def test_every_served_offramp_service_is_scraped(services):
+    port = int(read_env_file()["OFFRAMP_METRICS_PORT"])
+    assert read_env_file()["OFFRAMP_METRICS_BIND"] == "0.0.0.0"  # reachable from prometheus
+    conf = yaml.safe_load(PROMETHEUS_CONF.read_text())
+    static, dns = set(), []
+    for job in conf["scrape_configs"]:
+        for sc in job.get("static_configs", []):
+            static |= set(sc["targets"])
+        dns += job.get("dns_sd_configs", [])
+    kinds = served(services)
+    assert set(kinds.values()) == {"router", "monitor", "profiler", "tuner", "worker"}
+    scaled = {name for name, kind in kinds.items() if kind == "worker"}
+    # one container each: by name; workers (--scale) by every address Docker's DNS returns
+    assert static == {f"{name}:{port}" for name in kinds if name not in scaled}
+    assert [(d["names"], d["type"], d["port"]) for d in dns] == [(sorted(scaled), "A", port)]
+
+
+def test_prometheus_and_grafana_are_wired_and_local(services):
+    prom, graf = services["prometheus"], services["grafana"]
+    for svc in (prom, graf):
+        assert all(str(p).startswith("127.0.0.1:") for p in svc["ports"]), svc["ports"]
+    assert mounts(prom)["/etc/prometheus/prometheus.yml"] == "compose/prometheus.yml"
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prom["command"]
+    graf_mounts = mounts(graf)
+    assert graf_mounts["/etc/grafana/provisioning"] == "compose/grafana/provisioning"
+    source = yaml.safe_load((GRAFANA / "provisioning/datasources/prometheus.yml").read_text())
+    [ds] = source["datasources"]
+    assert ds["url"] == "http://prometheus:9090" and ds["type"] == "prometheus"
+    provider = yaml.safe_load((GRAFANA / "provisioning/dashboards/offramp.yml").read_text())
+    path = provider["providers"][0]["options"]["path"]
+    assert (ROOT / graf_mounts[path] / "offramp.json").is_file()
+    dash = json.loads(DASHBOARD.read_text())
+    assert {p["datasource"]["uid"] for p in dash["panels"]} == {ds["uid"]}
+
+
+def test_dashboard_queries_name_only_defined_metrics():
+    from services.common import metrics
+
+    families = {m.describe()[0].name: m.describe()[0].type for m in vars(metrics).values()
+                if hasattr(m, "describe") and not isinstance(m, type)}
+    allowed = set()
+    for name, kind in families.items():
+        allowed |= {name, f"{name}_total"} if kind == "counter" else {name}
+        if kind == "histogram":
+            allowed |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = {n for e in exprs for n in re.findall(r"\bofframp_\w+", e)}
+    assert used and used <= allowed, used - allowed
+    titles = " ".join(p["title"].lower() for p in dash["panels"])
+    for topic in ("latency", "exit", "agreement", "config"):
+        assert topic in titles

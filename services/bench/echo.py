@@ -10,6 +10,8 @@ import asyncio
 import sys
 
 from services.common import bus
+from services.common import config as config_mod
+from services.common.credentials import login_for
 from services.common.hotpath import publish_now, subscribe_direct
 from services.common.service_loop import run_service
 
@@ -18,7 +20,8 @@ ECHO = "offramp.bench.echo"
 
 
 async def _serve(role: str, url: str, reply_bytes: int, stop: asyncio.Event) -> None:
-    nc = await bus.connect(url, f"offramp-bench-{role}")
+    nc = await bus.connect(url, f"offramp-bench-{role}",
+                           login=login_for(config_mod.load(), "bench"))
     answer = b"\0" * reply_bytes
 
     def relay(msg) -> None:

@@ -28,6 +28,7 @@ from services.bench.echo import RELAY
 from services.common import bus
 from services.common import config as config_mod
 from services.common.client import infer
+from services.common.credentials import login_for
 from services.common.hotpath import requester
 from services.common.stats import percentile
 from services.exits.initial import initial_config, initial_ramps
@@ -104,7 +105,7 @@ def _start_floor(url: str, reply_bytes: int) -> list[subprocess.Popen]:
 
 
 async def _measure(cfg, url: str, args: argparse.Namespace) -> dict:
-    nc = await bus.connect(url, "offramp-bench")
+    nc = await bus.connect(url, "offramp-bench", login=login_for(cfg, "bench"))
     light = {m: await _light_load(nc, cfg, m, args.requests)
              for m in dict.fromkeys([args.model, args.trivial_model])}
     tiny = sample_inputs(args.trivial_model, 256, seed=4)

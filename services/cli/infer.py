@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import json
 
-from services.cli.options import nats_url
 from services.common import config as config_mod
 
 
@@ -46,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         inputs = {k: v[0] for k, v in sample_inputs(args.model, 1, seed=args.seed).items()}
 
     async def run() -> int:
-        nc = await bus.connect(nats_url(cfg), "offramp-cli")
+        nc = await bus.connect_as(cfg, "client", "offramp-cli")
         try:
             reply = await infer(nc, args.model, inputs, args.slo_ms, timeout=cfg.request_timeout_s)
         except InferError as exc:

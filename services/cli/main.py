@@ -1,5 +1,5 @@
 """``offramp`` command line: up | serve | prepare | infer | status | demo | bench | trace | db |
-exit-config, one module each in this package.
+exit-config | credentials, one module each in this package.
 
 Subcommand modules import what they run inside ``run``: every service starts as
 ``offramp serve X`` and must not pay for torch, ONNX or the zoo at start-up."""
@@ -10,11 +10,25 @@ import argparse
 import logging
 import sys
 
-from services.cli import bench, db, demo, exit_config, infer, prepare, serve, status, trace, up
+from services.cli import (
+    bench,
+    credentials,
+    db,
+    demo,
+    exit_config,
+    infer,
+    prepare,
+    serve,
+    status,
+    trace,
+    up,
+)
 from services.common import config as config_mod
+from services.common.bus import AuthorizationError
+from services.common.credentials import CredentialsError
 from services.common.memory import keep_large_buffers
 
-COMMANDS = (up, serve, prepare, infer, status, demo, bench, trace, db, exit_config)
+COMMANDS = (up, serve, prepare, infer, status, demo, bench, trace, db, exit_config, credentials)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     except config_mod.ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (AuthorizationError, CredentialsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

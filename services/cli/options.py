@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from services.common import config as config_mod
+from services.common.credentials import server_url
 
 
 def config_with_models(models: str | None) -> config_mod.Config:
@@ -16,5 +17,5 @@ def config_with_models(models: str | None) -> config_mod.Config:
 
 
 def nats_url(cfg: config_mod.Config) -> str:
-    """The NATS server a client command talks to: ``OFFRAMP_NATS_URL``, else a local one."""
-    return cfg.nats_url or "nats://127.0.0.1:4222"
+    """The NATS server a client command talks to (``credentials.server_url``)."""
+    return server_url(cfg)

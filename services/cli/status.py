@@ -13,11 +13,13 @@ from services.common import bus
 from services.common import config as config_mod
 from services.common.client import InferError, request_raw
 from services.common.config import Config
+from services.common.credentials import login_for
 from services.launcher import metrics_ports
 
 
 async def collect(cfg: Config, url: str) -> dict[str, Any]:
-    nc = await bus.connect(url, "offramp-status", connect_timeout=3)
+    nc = await bus.connect(url, "offramp-status", connect_timeout=3,
+                           login=login_for(cfg, "admin"))
     out: dict[str, Any] = {"nats": url}
     try:
         for key, subject in (("router", subjects.STATUS_ROUTER), ("monitor", subjects.STATUS_MONITOR)):

@@ -58,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         url = sup.start()
         print(f"offramp up: NATS at {url} (state in {cfg.home})", flush=True)
+        if sup.client_url():
+            print(f"offramp up: client URL {sup.client_url()} (other roles: `offramp "
+                  f"credentials ROLE`)", flush=True)
         sup.wait_ready(args.ready_timeout)
         print(f"offramp up: ready models={','.join(cfg.models)} "
               f"pids={json.dumps(sup.pids())}", flush=True)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from urllib.parse import urlsplit
 
-import nats
 import nats.aio.client as nats_client_module
 from nats.aio.client import Client
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
 from schemas import subjects
+from schemas.roles import inbox_prefix
+from services.common.config import Config
+from services.common.credentials import Login, login_for, server_url, url_user
 
 log = logging.getLogger("offramp.bus")
 
@@ -25,38 +29,67 @@ TELEMETRY_MAX_BYTES = 512 * 1024 * 1024
 TELEMETRY_MAX_AGE_S = 24 * 3600
 
 
-async def connect(url: str, name: str, connect_timeout: float = 10.0) -> Client:
-    """Connect with reconnect-forever, callbacks that log, and a bounded first attempt."""
+class AuthorizationError(RuntimeError):
+    """The server refused the login: retrying with the same one cannot help."""
+
+
+async def connect_as(cfg: Config, role: str, name: str, connect_timeout: float = 10.0) -> Client:
+    """Connect to ``OFFRAMP_NATS_URL`` as ``role`` (``schemas/roles.py``), with that role's
+    credentials when there are any."""
+    return await connect(server_url(cfg), name, connect_timeout,
+                         login=login_for(cfg, role))
+
+
+async def connect(url: str, name: str, connect_timeout: float = 10.0,
+                  login: Login | None = None) -> Client:
+    """Connect with reconnect-forever and callbacks that log. The first connection must
+    succeed within ``connect_timeout`` (nats-py itself would retry it forever), and a
+    refused login fails at once. A login in the URL wins over ``login``; either way the
+    connection uses its user's inbox prefix, the only inbox offramp's permissions let it read."""
+    nc = Client()
+    refused: asyncio.Future = asyncio.get_running_loop().create_future()
 
     async def error_cb(exc: Exception) -> None:
         log.warning("nats error client=%s error=%r", name, exc)
-
-    holder: list[Client] = []
+        if "authorization violation" in str(exc).lower() and not refused.done():
+            refused.set_result(exc)
 
     async def disconnected_cb() -> None:
-        if holder and (holder[0].is_closed or holder[0].is_draining):
+        if nc.is_closed or nc.is_draining:
             return  # our own close, not a fault
         log.warning("nats disconnected client=%s", name)
 
     async def reconnected_cb() -> None:
         log.info("nats reconnected client=%s", name)
 
-    deadline = asyncio.get_running_loop().time() + connect_timeout
-    while True:
-        try:
-            nc = await nats.connect(
-                url, name=name, error_cb=error_cb, disconnected_cb=disconnected_cb,
-                reconnected_cb=reconnected_cb, max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25, ping_interval=10, max_outstanding_pings=3,
-                connect_timeout=2, allow_reconnect=True,
-                pending_size=64 * 1024 * 1024,
-            )
-            holder.append(nc)
-            return nc
-        except Exception as exc:
-            if asyncio.get_running_loop().time() > deadline:
-                raise RuntimeError(f"cannot reach NATS at {url}: {exc}") from exc
-            await asyncio.sleep(0.2)
+    user = url_user(url) or (login.user if login else None)
+    auth = {"user": login.user, "password": login.password} if login and not url_user(url) else {}
+    if user:
+        auth["inbox_prefix"] = inbox_prefix(user)
+    first = asyncio.ensure_future(nc.connect(
+        url, name=name, error_cb=error_cb, disconnected_cb=disconnected_cb,
+        reconnected_cb=reconnected_cb, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
+        ping_interval=10, max_outstanding_pings=3, connect_timeout=2, allow_reconnect=True,
+        pending_size=64 * 1024 * 1024, **auth))
+    await asyncio.wait((first, refused), timeout=connect_timeout,
+                       return_when=asyncio.FIRST_COMPLETED)
+    if first.done() and first.exception() is None:
+        return nc
+    why = repr(first.exception()) if first.done() else repr(nc.last_error)
+    first.cancel()
+    with contextlib.suppress(Exception):
+        await nc.close()
+    if refused.done():
+        who = f"user {user!r}" if user else "an anonymous connection"
+        raise AuthorizationError(
+            f"NATS at {_public(url)} refused {who} ({name}): give this role's credentials "
+            f"(`offramp credentials ROLE`, OFFRAMP_NATS_CREDENTIALS)")
+    raise RuntimeError(f"cannot reach NATS at {_public(url)} within {connect_timeout:g}s: {why}")
+
+
+def _public(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    return url.replace(f":{urlsplit(url).password}@", ":***@") if urlsplit(url).password else url
 
 
 DUPLICATE_WINDOW_S = 120.0  # a resent message id within this is dropped by the stream

@@ -50,6 +50,7 @@ class Config:
     refit: bool = True  # the tuner refits ramp heads from the features (needs a rate > 0)
     metrics_port: int | None = None  # None: no metrics (`offramp up` gives each child one)
     metrics_bind: str = "127.0.0.1"
+    nats_credentials: Path | None = None  # role credentials for a server the user runs
 
     def as_env(self) -> dict[str, str]:
         """The environment a child service needs to see this same configuration."""
@@ -86,6 +87,8 @@ class Config:
             env["OFFRAMP_NATS_URL"] = self.nats_url
         if self.metrics_port is not None:
             env["OFFRAMP_METRICS_PORT"] = str(self.metrics_port)
+        if self.nats_credentials:
+            env["OFFRAMP_NATS_CREDENTIALS"] = str(self.nats_credentials)
         return env
 
 
@@ -95,6 +98,7 @@ DOCUMENTED = [
     ("OFFRAMP_MODELS_DIR", "$OFFRAMP_HOME/models", "prepared model artifacts"),
     ("OFFRAMP_DATABASE_URL", "sqlite:///$OFFRAMP_HOME/offramp.db", "SQL store (PostgreSQL URL for clusters)"),
     ("OFFRAMP_NATS_URL", "(unset: `offramp up` starts its own)", "NATS server to use"),
+    ("OFFRAMP_NATS_CREDENTIALS", "$OFFRAMP_HOME/nats/credentials.json", "each role's NATS user and password (`offramp up` writes them; see Security)"),
     ("OFFRAMP_MODELS", "efficientnet-lite0", "models `offramp up` serves (comma list)"),
     ("OFFRAMP_LOG_LEVEL", "INFO", "log level of every service"),
     ("OFFRAMP_QUEUE_LIMIT", "1024", "requests queued per model before `overloaded`"),
@@ -169,6 +173,8 @@ def _load() -> Config:
         refit=_env("OFFRAMP_REFIT", "1") != "0",
         metrics_port=_port("OFFRAMP_METRICS_PORT"),
         metrics_bind=_env("OFFRAMP_METRICS_BIND", "127.0.0.1"),
+        nats_credentials=Path(os.environ["OFFRAMP_NATS_CREDENTIALS"]).expanduser()
+        if os.environ.get("OFFRAMP_NATS_CREDENTIALS") else None,
     )
 
 

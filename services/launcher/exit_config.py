@@ -8,6 +8,7 @@ from schemas import subjects
 from schemas.messages import ExitConfig
 from services.common import bus
 from services.common.config import Config
+from services.common.credentials import login_for
 from services.store.repository import Store
 
 
@@ -77,7 +78,8 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
                         heads=dict(row.heads))
 
     async def publish() -> None:
-        nc = await bus.connect(nats_url, "offramp-exit-config", connect_timeout=3)
+        nc = await bus.connect(nats_url, "offramp-exit-config", connect_timeout=3,
+                               login=login_for(cfg, "admin"))
         await nc.publish(subjects.exit_config(model), config.encode())
         await nc.flush()
         await nc.close()

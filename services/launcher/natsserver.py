@@ -51,12 +51,15 @@ def server_env(procs: int = 0) -> dict[str, str]:
 
 
 class EmbeddedNats:
-    """A private nats-server with JetStream, listening on a free loopback port."""
+    """A private nats-server with JetStream, listening on a free loopback port; with an
+    ``authorization`` block (``nats_auth.authorization_block``) it admits only those users."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, procs: int = 0) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, procs: int = 0,
+                 authorization: str | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.procs = procs
+        self.authorization = authorization
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -66,11 +69,13 @@ class EmbeddedNats:
     def start(self, timeout: float = 10.0) -> str:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         conf = self.data_dir / "nats-server.conf"
-        conf.write_text(
-            f"listen: 127.0.0.1:{self.port}\n"
-            f"max_payload: {MAX_PAYLOAD}\n"
-            f"jetstream {{ store_dir: \"{self.data_dir / 'jetstream'}\" }}\n"
-        )
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may hold hashes
+        os.fchmod(fd, 0o600)  # an older file may have been readable
+        with os.fdopen(fd, "w") as f:
+            f.write(f"listen: 127.0.0.1:{self.port}\n"
+                    f"max_payload: {MAX_PAYLOAD}\n"
+                    f"jetstream {{ store_dir: \"{self.data_dir / 'jetstream'}\" }}\n"
+                    + (self.authorization or ""))
         log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen([str(server_binary()), "-c", str(conf)], stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True,

@@ -20,8 +20,16 @@ from typing import Self
 from services.common import bus
 from services.common.client import models as list_models
 from services.common.config import Config
+from services.common.credentials import (
+    CredentialsError,
+    home_file,
+    login_for,
+    server_url_file,
+    with_login,
+)
 from services.exits.initial import initial_ramps
 from services.launcher import metrics_ports
+from services.launcher.nats_auth import authorization_block, ensure_logins
 from services.launcher.natsserver import EmbeddedNats
 from services.prepare.pipeline import ZOO, load_if_intact, prepare
 from services.runtime.manifest import Manifest
@@ -111,8 +119,11 @@ class Supervisor:
 
     def start(self) -> str:
         if self.url is None:
-            self.nats = EmbeddedNats(self.cfg.home / "nats", procs=self.cfg.nats_procs)
+            logins = ensure_logins(home_file(self.cfg.home))
+            self.nats = EmbeddedNats(self.cfg.home / "nats", procs=self.cfg.nats_procs,
+                                     authorization=authorization_block(logins))
             self.url = self.nats.start()
+            server_url_file(self.cfg.home).write_text(self.url + "\n")
         env_cfg = self.cfg.as_env()
         env_cfg["OFFRAMP_NATS_URL"] = self.url
         env_cfg["OFFRAMP_ORT_SPIN"] = self.ort_spin()
@@ -135,6 +146,14 @@ class Supervisor:
         for child in self.children:
             self._spawn(child)
         return self.url
+
+    def client_url(self) -> str | None:
+        """The URL an application connects with: the client role's login, when there is one."""
+        try:
+            login = login_for(self.cfg, "client")
+        except CredentialsError:  # a user's file with the service roles only
+            return None
+        return with_login(self.url, login) if login and self.url else None
 
     def assign_metrics_ports(self) -> None:
         """A metrics port per child (``metrics_ports.assign``), recorded for ``offramp
@@ -211,7 +230,8 @@ class Supervisor:
         deadline = time.monotonic() + timeout
 
         async def check() -> bool:
-            nc = await bus.connect(self.url, "offramp-up-ready")
+            nc = await bus.connect(self.url, "offramp-up-ready",
+                                   login=login_for(self.cfg, "client"))
             try:
                 while time.monotonic() < deadline:
                     self.poll()

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from services.common import bus
+from services.common.credentials import login_for
 from services.common.stats import percentile
 from services.exits.initial import initial_ramps
 from services.launcher.exit_config import set_exit_config
@@ -72,7 +73,7 @@ async def stream_live(cfg, url: str, model: str, inputs: list, arrival_s: np.nda
     """Send ``inputs`` through the running stack (open loop at ``arrival_s``, else
     ``concurrency`` in flight) with a progress bar; the run's summary (agreement from the
     monitor's exit profiles) and the client's outcomes."""
-    nc = await bus.connect(url, "offramp-demo")
+    nc = await bus.connect(url, "offramp-demo", login=login_for(cfg, "client"))
     with Store(cfg.database_url) as store:
         latest = store.latest_exit_config(model)
     if latest is not None and inputs:  # the run starts on the config just set

@@ -160,7 +160,7 @@ class Upkeep:
 async def serve(cfg: Config, stop: asyncio.Event) -> None:
     log = logs.setup("monitor", cfg.log_level)
     store = Store(cfg.database_url)
-    nc = await bus.connect(cfg.nats_url or "nats://127.0.0.1:4222", "offramp-monitor")
+    nc = await bus.connect_as(cfg, "monitor", "offramp-monitor")
     psub = await subscribe(nc)
     monitor = Monitor(nc, cfg, store, log)
     upkeep = Upkeep(nc, store, log)

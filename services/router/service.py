@@ -430,7 +430,7 @@ class Router:
 async def serve(cfg: Config, stop: asyncio.Event) -> None:
     log = logs.setup("router", cfg.log_level)
     specs = load_specs(cfg)
-    nc = await bus.connect(cfg.nats_url or "nats://127.0.0.1:4222", "offramp-router")
+    nc = await bus.connect_as(cfg, "router", "offramp-router")
     await bus.ensure_telemetry_stream(nc)
     router = Router(nc, cfg, specs, make_policy("fixed", cfg.max_batch, cfg.batch_timeout_ms), log)
     await subscribe_direct(nc, subjects.INFER_ALL, router.on_infer, queue=subjects.ROUTER_QUEUE)

@@ -340,7 +340,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     # instead of a pool on every core that serving needs
     threadpool_limits(1)
     store = Store(cfg.database_url)
-    nc = await bus.connect(cfg.nats_url or "nats://127.0.0.1:4222", "offramp-tuner")
+    nc = await bus.connect_as(cfg, "tuner", "offramp-tuner")
     tuner = Tuner(nc, cfg, store, log)
     for name in cfg.models:
         tuner.models[name] = await asyncio.to_thread(tuner.load, name)

@@ -558,7 +558,7 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
     runtime = StageRuntime(model_dir, manifest, first, last, device=cfg.device,
                            threads=cfg.ort_threads, spin=spin)
     store = Store(cfg.database_url)
-    nc = await bus.connect(cfg.nats_url or "nats://127.0.0.1:4222", f"offramp-worker-{model}-{stage}")
+    nc = await bus.connect_as(cfg, "worker", f"offramp-worker-{model}-{stage}")
     worker = Worker(nc, cfg, plan, manifest, runtime, store, log)
     row = await asyncio.to_thread(store.latest_exit_config, model)
     if row is not None:

@@ -34,6 +34,7 @@ class Stack:
             cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True)
         self.url = ""
+        self.client_url = ""
         self.pids: dict[str, int] = {}
         deadline = time.monotonic() + 240
         lines = []
@@ -44,11 +45,25 @@ class Stack:
             lines.append(line)
             if line.startswith("offramp up: NATS at "):
                 self.url = line.split()[4]
+            if line.startswith("offramp up: client URL "):
+                self.client_url = line.split()[4]
             if line.startswith("offramp up: ready"):
                 self.pids = json.loads(line.split("pids=", 1)[1])
                 return
         self.stop()
         raise RuntimeError(f"offramp up did not become ready: {lines} {self.proc.stderr.read()}")
+
+    async def connect(self, role: str, name: str):
+        """A NATS connection as ``role``, with the credentials `up` generated."""
+        from services.common import bus
+        from services.common.credentials import home_file, read
+
+        return await bus.connect(self.url, name, login=read(home_file(self.home))[role])
+
+    def violations(self) -> list[str]:
+        """Permission violations the server logged: none unless a test provoked them."""
+        log = self.home / "nats" / "nats-server.log"
+        return [line for line in log.read_text().splitlines() if "Violation" in line]
 
     @property
     def db_path(self) -> Path:
@@ -93,3 +108,5 @@ def stack(request: pytest.FixtureRequest, models_dir: Path,
               list(getattr(mod, "STACK_ARGS", ())), env=getattr(mod, "STACK_ENV", None))
     yield s
     s.stop()
+    # every service's role must allow what it does (tests that attack set ATTACKS)
+    assert getattr(mod, "ATTACKS", False) or not s.violations(), s.violations()[:5]

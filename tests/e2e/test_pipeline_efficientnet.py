@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from schemas.codec import unpack
-from services.common import bus
 from services.loadgen.drive import drive
 from tests.e2e.conftest import wait_for
 
@@ -37,18 +36,20 @@ def test_500_requests_all_answered_early_before_final(stack):
     inputs = [frames[i % len(frames)] for i in range(500)]
 
     async def run():
-        nc = await bus.connect(stack.url, "e2e-spy")
+        nc = await stack.connect("client", "e2e-spy")
+        tap = await stack.connect("observer", "e2e-spy-tap")
         seen: list[tuple[str, dict]] = []
 
         async def spy(msg):
             if msg.subject.startswith("offramp.results.") or msg.subject.startswith("offramp.telemetry.samples."):
                 seen.append((msg.subject, unpack(msg.data)))
 
-        await nc.subscribe("offramp.>", cb=spy)
+        await tap.subscribe("offramp.>", cb=spy)
         await asyncio.sleep(0.5)  # workers swap in the new exit config between batches
         outcomes = await drive(nc, MODEL, inputs, concurrency=8, slo_ms=5000, timeout=10)
         await asyncio.sleep(0.5)
         await nc.close()
+        await tap.close()
         return outcomes, seen
 
     outcomes, seen = asyncio.run(run())
@@ -86,7 +87,7 @@ def test_bad_slo_and_overload_get_errors_not_silence(stack):
     frame = _frames(1, seed=9)[0]
 
     async def run():
-        nc = await bus.connect(stack.url, "e2e-deadline")
+        nc = await stack.connect("client", "e2e-deadline")
         # 0.5 ms cannot be met: deadline_exceeded, never a hang.
         out = await drive(nc, MODEL, [frame] * 4, concurrency=4, slo_ms=0.5, timeout=5)
         await nc.close()
@@ -102,7 +103,7 @@ def test_sigkill_worker_under_load_every_request_answered(stack):
     victim = next(pid for name, pid in stack.pids.items() if name.startswith("worker-"))
 
     async def run():
-        nc = await bus.connect(stack.url, "e2e-kill")
+        nc = await stack.connect("client", "e2e-kill")
 
         async def killer():
             await asyncio.sleep(1.0)
@@ -149,27 +150,27 @@ def test_every_request_gets_exactly_one_reply_even_past_its_deadline(stack):
     frames = _frames(20, seed=9)
 
     async def run():
-        nc = await bus.connect(stack.url, "e2e-one-reply")
+        nc = await stack.connect("client", "e2e-one-reply")
         got: dict[str, list] = {}
 
         async def cb(msg):
             got.setdefault(msg.subject, []).append(unpack(msg.data))
 
-        await nc.subscribe(f"one.{tag}.>", cb=cb)
+        await nc.subscribe(f"_INBOX.client.one{tag}.>", cb=cb)
         await nc.flush()
         for i in range(n):
             await nc.publish(f"offramp.infer.{MODEL}", pack(
                 {"v": 1, "id": f"o{tag}-{i}", "inputs": frames[i % 20], "slo_ms": 20 + i % 100}),
-                reply=f"one.{tag}.{i}")
+                reply=f"_INBOX.client.one{tag}.{i}")
         await nc.flush()
         await asyncio.sleep(8.0)
         await nc.close()
         return got
 
     got = asyncio.run(run())
-    counts = [len(got.get(f"one.{tag}.{i}", [])) for i in range(n)]
+    counts = [len(got.get(f"_INBOX.client.one{tag}.{i}", [])) for i in range(n)]
     assert counts == [1] * n, {c: counts.count(c) for c in set(counts)}
-    client = {f"o{tag}-{i}": (got[f"one.{tag}.{i}"][0].get("error") or {}).get("code", "ok")
+    client = {f"o{tag}-{i}": (got[f"_INBOX.client.one{tag}.{i}"][0].get("error") or {}).get("code", "ok")
               for i in range(n)}
     assert set(client.values()) <= {"ok", "deadline_exceeded"}, set(client.values())
     # the store records each once, with the status the client got

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import uuid
 
@@ -14,7 +15,6 @@ import pytest
 
 from schemas import subjects
 from schemas.codec import pack, unpack
-from services.common import bus
 from services.common.client import models as list_models
 from services.loadgen.drive import drive
 from tests.e2e.conftest import wait_for
@@ -38,7 +38,7 @@ def test_bad_input_gets_right_error_codes_and_service_keeps_serving(stack):
     good = {"v": 1, "id": "ok-1", "model": MODEL, "inputs": {"x": _x()}, "slo_ms": 2000.0}
 
     async def run():
-        nc = await bus.connect(stack.url, "e2e-bad")
+        nc = await stack.connect("client", "e2e-bad")
         got = {}
         got["malformed"] = await _raw(nc, "offramp.infer.tiny", b"\xc1\xff\x00garbage")
         got["not_map"] = await _raw(nc, "offramp.infer.tiny", msgpack.packb([1, 2, 3]))
@@ -77,7 +77,7 @@ def test_bad_input_gets_right_error_codes_and_service_keeps_serving(stack):
 
 def test_models_metadata(stack):
     async def run():
-        nc = await bus.connect(stack.url, "e2e-models")
+        nc = await stack.connect("client", "e2e-models")
         ms = await list_models(nc)
         await nc.close()
         return ms
@@ -97,7 +97,7 @@ def test_two_stage_split_early_exits_in_both_stages(stack):
     inputs = [{"x": _x(i)} for i in range(300)]
 
     async def run():
-        nc = await bus.connect(stack.url, "e2e-split")
+        nc = await stack.connect("client", "e2e-split")
         await asyncio.sleep(0.3)
         outs = await drive(nc, MODEL, inputs, concurrency=16, slo_ms=5000)
         await nc.close()
@@ -112,7 +112,7 @@ def test_two_stage_split_early_exits_in_both_stages(stack):
 
 
 async def _send_tagged(stack, prefix: str, n: int):
-    nc = await bus.connect(stack.url, "e2e-monitor")
+    nc = await stack.connect("client", "e2e-monitor")
     from services.common.client import infer
 
     sem = asyncio.Semaphore(16)
@@ -126,7 +126,9 @@ async def _send_tagged(stack, prefix: str, n: int):
     return replies
 
 
-def test_a_deleted_telemetry_stream_is_recreated_and_history_goes_on(stack):
+def test_a_lost_telemetry_stream_is_recreated_and_history_goes_on(stack):
+    """The server loses its JetStream store (killed, its store directory gone: no role may
+    delete the stream); `up` restarts it and the services re-create stream and consumer."""
     tag = uuid.uuid4().hex[:6]
 
     def stored(prefix: str) -> int:
@@ -134,13 +136,8 @@ def test_a_deleted_telemetry_stream_is_recreated_and_history_goes_on(stack):
 
     asyncio.run(_send_tagged(stack, f"c{tag}", 100))
     assert wait_for(lambda: stored(f"c{tag}") == 100)
-
-    async def delete_stream():
-        nc = await bus.connect(stack.url, "e2e-delete")
-        await nc.jetstream().delete_stream(subjects.TELEMETRY_STREAM)
-        await nc.close()
-
-    asyncio.run(delete_stream())
+    shutil.rmtree(stack.home / "nats" / "jetstream")
+    os.kill(stack.pids["nats"], signal.SIGKILL)
     # the monitor re-creates stream and consumer; its sequence numbers start again at 1,
     # which must not make the monitor take new telemetry for what it stored before
     assert wait_for(lambda: _stream_exists(stack), timeout=15)
@@ -151,7 +148,10 @@ def test_a_deleted_telemetry_stream_is_recreated_and_history_goes_on(stack):
 
 def _stream_exists(stack) -> bool:
     async def check():
-        nc = await bus.connect(stack.url, "e2e-check")
+        try:
+            nc = await stack.connect("monitor", "e2e-check")
+        except Exception:  # noqa: BLE001 - the server is not back yet
+            return False
         try:
             await nc.jetstream().stream_info(subjects.TELEMETRY_STREAM)
             return True

@@ -13,7 +13,6 @@ import pytest
 from schemas import subjects
 from schemas.messages import decode_map
 from schemas.telemetry import RampFeatures
-from services.common import bus
 from services.common import config as config_mod
 from services.exits.linear_head import LinearHead
 from services.launcher.exit_config import set_exit_config
@@ -32,23 +31,26 @@ def _inputs(n: int, seed: int) -> list[dict]:
     return [{"x": rng.standard_normal(16).astype(np.float32)} for _ in range(n)]
 
 
-async def _serve_and_listen(url: str, n: int, seed: int) -> tuple[list, list[RampFeatures]]:
-    nc = await bus.connect(url, "e2e-refit")
+async def _serve_and_listen(stack, n: int, seed: int) -> tuple[list, list[RampFeatures]]:
+    nc = await stack.connect("client", "e2e-refit")
+    tap = await stack.connect("observer", "e2e-refit-tap")
     got: list[RampFeatures] = []
 
     async def on(msg) -> None:
         got.append(RampFeatures.decode(decode_map(msg.data)))
 
-    await nc.subscribe(subjects.ramp_features(MODEL), cb=on)
+    await tap.subscribe(subjects.ramp_features(MODEL), cb=on)
+    await tap.flush()
     outs = await drive(nc, MODEL, _inputs(n, seed), concurrency=4, slo_ms=20000)
     await asyncio.sleep(1.0)
     await nc.close()
+    await tap.close()
     return outs, got
 
 
 def test_features_flow_and_a_refitted_head_is_served(stack, models_dir):
     manifest = Manifest.load(models_dir / MODEL)
-    outs, feats = asyncio.run(_serve_and_listen(stack.url, 64, 0))
+    outs, feats = asyncio.run(_serve_and_listen(stack, 64, 0))
     assert all(o.ok for o in outs)
     ids = {i for f in feats for i in f.ids}
     assert ids == {o.request_id for o in outs}  # rate 1.0: every answered request
@@ -63,7 +65,7 @@ def test_features_flow_and_a_refitted_head_is_served(stack, models_dir):
     head = load_head(models_dir / MODEL, r)
     file, _ = save_head(models_dir / MODEL, r, 1, LinearHead(head.weight * 0.5, head.bias,
                                                              head.pool))
-    cfg = replace(config_mod.load(), database_url=f"sqlite:///{stack.db_path}")
+    cfg = replace(config_mod.load(), home=stack.home, database_url=f"sqlite:///{stack.db_path}")
     with Store(cfg.database_url) as store:
         store.save_ramp_head(MODEL, r.index, 1, file, "x" * 64, 10, 5, {
             "serving_agreement": 0.5, "agreement": 0.6, "serving_calibration": 0.1,
@@ -73,6 +75,6 @@ def test_features_flow_and_a_refitted_head_is_served(stack, models_dir):
     with Store(cfg.database_url) as store:
         latest = store.latest_exit_config(MODEL)
     assert latest.heads == {r.index: file}
-    outs, _ = asyncio.run(_serve_and_listen(stack.url, 64, 1))
+    outs, _ = asyncio.run(_serve_and_listen(stack, 64, 1))
     assert all(o.ok for o in outs)
     assert max(o.config_version for o in outs) == latest.version

@@ -8,7 +8,6 @@ import asyncio
 import os
 import signal
 
-from services.common import bus
 from services.loadgen.drive import drive
 from tests.e2e.conftest import Stack, wait_for
 
@@ -27,7 +26,7 @@ def _send(stack: Stack, n: int, seed: int) -> list:
     frames = sample_inputs(MODEL, n, seed=seed)["image"]
 
     async def run():
-        nc = await bus.connect(stack.url, "e2e-adapt")
+        nc = await stack.connect("client", "e2e-adapt")
         outs = await drive(nc, MODEL, [{"image": f} for f in frames], concurrency=4, slo_ms=20000)
         await nc.close()
         return outs

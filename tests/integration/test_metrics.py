@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common import bus, metrics
+from services.common import metrics
 from services.common.client import InferError, infer
 from services.launcher import metrics_ports
 from services.loadgen.drive import drive
@@ -35,17 +35,10 @@ def stack(models_dir, tmp_path_factory):
     s.stop()
 
 
-async def connect(stack: Stack, name: str):
-    # a stack whose server has per-role logins connects through its own helper
-    if hasattr(stack, "connect"):
-        return await stack.connect("client", name)
-    return await bus.connect(stack.url, name)
-
-
 async def send(stack: Stack) -> tuple[int, list[str]]:
     """N_OK good requests and N_BAD malformed ones: (answered ok, error codes)."""
     rng = np.random.default_rng(0)
-    nc = await connect(stack, "metrics-test")
+    nc = await stack.connect("client", "metrics-test")
     try:
         inputs = [{"x": rng.standard_normal(16).astype(np.float32)} for _ in range(N_OK)]
         outcomes = await drive(nc, MODEL, inputs, concurrency=4, slo_ms=5000)

@@ -26,7 +26,7 @@ ENV_FILE = ROOT / "compose" / "offramp.env"
 NATS_CONF = ROOT / "compose" / "nats-server.conf"
 
 REQUIRED = {"nats", "postgres", "migrate", "router", "monitor", "worker"}
-OFFRAMP_SERVICES = {"migrate", "router", "monitor", "worker"}
+OFFRAMP_SERVICES = {"credentials", "migrate", "router", "monitor", "worker"}
 
 
 class NotAnOfframpCommand(AssertionError):
@@ -133,6 +133,23 @@ def test_nats_publishes_client_port_and_mounts_conf(services):
     assert any(str(p).split(":")[-2:] == ["4222", "4222"] for p in nats["ports"])
     assert any("nats-server.conf" in str(v) for v in nats["volumes"])
     assert "/etc/nats/nats-server.conf" in " ".join(map(str, nats["command"]))
+
+
+def test_the_bus_admits_only_generated_role_logins(services):
+    """NATS starts after the credentials one-shot wrote every role's login and the
+    authorization block its config includes; services read their login from that volume."""
+    creds = parse_offramp(services["credentials"]["command"])
+    assert creds.command == "credentials" and creds.server_config == "/credentials/auth.conf"
+    nats = services["nats"]
+    assert nats["depends_on"]["credentials"]["condition"] == "service_completed_successfully"
+    assert "nats-credentials:/etc/nats/auth:ro" in nats["volumes"]
+    assert 'include "auth/auth.conf"' in NATS_CONF.read_text()
+    assert read_env_file()["OFFRAMP_NATS_CREDENTIALS"] == "/credentials/credentials.json"
+    for name in ("router", "monitor", "worker", "tuner", "profiler"):
+        assert "nats-credentials:/credentials:ro" in services[name]["volumes"], name
+    # published on loopback unless the operator says otherwise
+    assert all(str(p).startswith(("127.0.0.1:", "${OFFRAMP_BIND:-127.0.0.1}:"))
+               for p in nats["ports"]), nats["ports"]
 
 
 def test_env_file_names_known_variables():

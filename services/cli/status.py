@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from schemas import subjects
+from schemas.codec import unpack
 from services.cli.options import nats_url
 from services.common import bus
 from services.common import config as config_mod
@@ -22,14 +23,37 @@ async def collect(cfg: Config, url: str) -> dict[str, Any]:
                            login=login_for(cfg, "admin"))
     out: dict[str, Any] = {"nats": url}
     try:
-        for key, subject in (("router", subjects.STATUS_ROUTER), ("monitor", subjects.STATUS_MONITOR)):
-            try:
-                out[key] = await request_raw(nc, subject, b"", timeout=2.0)
-            except InferError as exc:
-                out[key] = {"error": exc.message}
+        routers = await gather(nc, subjects.STATUS_ROUTER)
+        out["router"] = routers[0] if routers else {"error": "no router answered"}
+        out["routers"] = [r.get("router") for r in routers]
+        try:
+            out["monitor"] = await request_raw(nc, subjects.STATUS_MONITOR, b"", timeout=2.0)
+        except InferError as exc:
+            out["monitor"] = {"error": exc.message}
     finally:
         await nc.close()
     return out
+
+
+async def gather(nc, subject: str, first_s: float = 2.0, rest_s: float = 0.3) -> list[dict]:
+    """Every answer to one status request: each router answers (no queue group)."""
+    inbox = nc.new_inbox()
+    got: list[dict] = []
+    arrived = asyncio.Event()
+
+    async def on_reply(msg) -> None:
+        got.append(unpack(msg.data))
+        arrived.set()
+
+    sub = await nc.subscribe(inbox, cb=on_reply)
+    await nc.publish(subject, b"", reply=inbox)
+    try:
+        await asyncio.wait_for(arrived.wait(), first_s)
+        await asyncio.sleep(rest_s)  # the others answer within the same moment
+    except TimeoutError:
+        pass
+    await sub.unsubscribe()
+    return got
 
 
 def render(status: dict[str, Any]) -> str:
@@ -37,6 +61,9 @@ def render(status: dict[str, Any]) -> str:
     router = status.get("router", {})
     if "error" in router:
         lines.append(f"router: {router['error']}")
+    if len(status.get("routers", [])) > 1:
+        lines.append(f"routers: {', '.join(status['routers'])} (queues and workers of "
+                     f"{router.get('router')} below)")
     for name, m in sorted(router.get("models", {}).items()):
         p50 = "-" if m["p50_ms"] is None else f"{m['p50_ms']:.1f}"
         p95 = "-" if m["p95_ms"] is None else f"{m['p95_ms']:.1f}"

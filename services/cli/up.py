@@ -20,6 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--models", help="comma list (default: $OFFRAMP_MODELS)")
     up.add_argument("--split", action="append", help="MODEL=CUT[,CUT...]: stage cut points")
     up.add_argument("--replicas", type=int, default=1, help="workers per stage")
+    up.add_argument("--routers", type=int, default=1,
+                    help="routers sharing the intake (a request goes to one of them)")
     up.add_argument("--log-dir", help="write each service's log here instead of the terminal")
     up.add_argument("--adapt", action="store_true",
                     help="also run the tuner: continual exit adaptation (or OFFRAMP_ADAPT=1)")
@@ -45,8 +47,11 @@ def run(args: argparse.Namespace) -> int:
     if args.adapt:
         cfg = replace(cfg, adapt=True)
     logs.setup("up", cfg.log_level)
+    if args.routers < 1:
+        raise SystemExit("--routers must be at least 1")
     prepare_state(cfg, say=lambda m: print(m, file=sys.stderr))
-    sup = Supervisor(cfg, Deployment(cfg.models, parse_cuts(args.split), args.replicas),
+    sup = Supervisor(cfg, Deployment(cfg.models, parse_cuts(args.split), args.replicas,
+                                     args.routers),
                      log_dir=Path(args.log_dir) if args.log_dir else None)
     stop = {"now": False}
 

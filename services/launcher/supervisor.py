@@ -64,6 +64,7 @@ class Deployment:
     models: tuple[str, ...]
     cuts: dict[str, list[int]] = field(default_factory=dict)
     replicas: int = 1
+    routers: int = 1  # in one queue group: a request goes to one of them
 
 
 def prepare_state(cfg: Config, say=print) -> None:
@@ -129,8 +130,9 @@ class Supervisor:
         env_cfg["OFFRAMP_ORT_SPIN"] = self.ort_spin()
         self.env = {**os.environ, **env_cfg}
         base = [sys.executable, "-m", "services.cli", "serve"]
-        self.children = [Child("router", base + ["router"]), Child("monitor", base + ["monitor"]),
-                         Child("profiler", base + ["profiler"])]
+        self.children = [Child("router" if r == 0 else f"router-{r + 1}", base + ["router"])
+                         for r in range(max(1, self.deployment.routers))]
+        self.children += [Child("monitor", base + ["monitor"]), Child("profiler", base + ["profiler"])]
         if self.cfg.adapt:
             self.children.append(Child("tuner", base + ["tuner"]))
         for model in self.deployment.models:

@@ -53,7 +53,7 @@ ROLES: dict[str, Permissions] = {
     # Workers answer clients directly (the router passes each request's inbox along).
     "worker": Permissions(
         publish=(REPLIES, f"{P}.stage.*.*", f"{P}.results.*", subjects.HEARTBEAT,
-                 f"{P}.telemetry.samples.*", f"{P}.features.*"),
+                 f"{P}.telemetry.samples.*", f"{P}.telemetry.requests.*", f"{P}.features.*"),
         subscribe=(f"{P}.work.*", f"{P}.stage.*.*", f"{P}.config.*")),
     "monitor": Permissions(
         publish=(*STREAM_KEEP,

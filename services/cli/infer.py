@@ -47,7 +47,11 @@ def run(args: argparse.Namespace) -> int:
     async def run() -> int:
         nc = await bus.connect_as(cfg, "client", "offramp-cli")
         try:
-            reply = await infer(nc, args.model, inputs, args.slo_ms, timeout=cfg.request_timeout_s)
+            # a router that dies holding the request: resent (same id) once its SLO is past
+            slo_s = (args.slo_ms or cfg.default_slo_ms) / 1e3
+            reply = await infer(nc, args.model, inputs, args.slo_ms,
+                                timeout=max(cfg.request_timeout_s, 2 * slo_s + 2),
+                                resend_after_s=slo_s + 1)
         except InferError as exc:
             print(json.dumps({"error": {"code": exc.code, "message": exc.message}}))
             return 1

@@ -3,6 +3,7 @@ the demo and the benchmarks use. It speaks only the documented wire format."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -25,17 +26,38 @@ class InferError(Exception):
 
 
 async def infer(nc: Client, model: str, inputs: dict[str, np.ndarray], slo_ms: float | None = None,
-                timeout: float = 5.0, request_id: str | None = None) -> dict[str, Any]:
-    """Send one request; return the success reply map or raise :class:`InferError`."""
+                timeout: float = 5.0, request_id: str | None = None,
+                resend_after_s: float | None = None) -> dict[str, Any]:
+    """Send one request; return the success reply map or raise :class:`InferError`.
+
+    ``resend_after_s``: with no reply by then (its router died holding it, or none was up),
+    send it again, same id, until ``timeout`` (the contract's resend rule)."""
     msg: dict[str, Any] = {"v": SCHEMA_VERSION, "id": request_id or uuid.uuid4().hex,
                            "model": model, "inputs": inputs}
     if slo_ms is not None:
         msg["slo_ms"] = float(slo_ms)
-    reply = await request_raw(nc, subjects.infer(model), pack(msg), timeout)
+    data = pack(msg)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        left = deadline - loop.time()
+        try:
+            reply = await request_raw(nc, subjects.infer(model), data,
+                                      min(left, resend_after_s or left))
+            break
+        except InferError as exc:
+            if resend_after_s is None or exc.code not in RESENDABLE or \
+                    loop.time() >= deadline - 0.05:
+                raise
+            if exc.code == "no_responders":  # a router restarting: give it a moment
+                await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
     if "error" in reply:
         err = reply["error"] or {}
         raise InferError(err.get("code", errors.INTERNAL), err.get("message", ""), reply)
     return reply
+
+
+RESENDABLE = ("timeout", "no_responders")
 
 
 async def request_raw(nc: Client, subject: str, data: bytes, timeout: float) -> dict[str, Any]:

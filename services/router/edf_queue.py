@@ -21,6 +21,7 @@ class Pending:
     replied: bool = False
     attempts: int = 0
     received_wall: float = 0.0
+    sent_reply: str | None = None  # the reply subject its worker holds (once dispatched)
 
 
 class QueueFull(Exception):

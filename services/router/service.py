@@ -32,15 +32,15 @@ from schemas.messages import (
     encode_reply,
     request_id_of,
 )
-from schemas.telemetry import OK, RequestRecord, RequestTelemetry
+from schemas.telemetry import OK, RequestRecord
 from services.common import bus, logs, metrics
 from services.common.config import Config
 from services.common.hotpath import publish_now, subscribe_direct
-from services.common.payload_chunks import payload_chunks
 from services.common.service_loop import supervise
 from services.router import admission
 from services.router.edf_queue import EDFQueue, Pending, QueueFull
 from services.router.model_specs import ModelSpec, load_specs
+from services.router.outbox import Outbox
 from services.router.policy import Policy, make_policy
 from services.router.workers import Inflight, WorkerRegistry
 
@@ -106,7 +106,7 @@ class Router:
         self.tasks: set[asyncio.Task] = set()
         self.started = time.monotonic()
         self.batches = 0
-        self.records_sent = 0  # request-telemetry messages published (their ids count up)
+        self.outbox = Outbox(nc, self.id, log)
 
     # ------------------------------------------------------------------ intake
 
@@ -125,8 +125,13 @@ class Router:
             state.spec.check_inputs(req.inputs)
             if not msg.reply:
                 raise ServingError(errors.BAD_REQUEST, "request has no reply subject: use request-reply")
-            if req.id in self.pending:
-                raise ServingError(errors.BAD_REQUEST, f"request id {req.id!r} is already in flight")
+            held = self.pending.get(req.id)
+            if held is not None:
+                if held.model != subject_model:
+                    raise ServingError(errors.BAD_REQUEST,
+                                       f"request id {req.id!r} is in flight for {held.model!r}")
+                held.reply = msg.reply  # a client's resend: its newest attempt gets the answer
+                return
             if admission.refuse_for_no_workers(self.registry.has_stage0(subject_model), now,
                                                self.started):
                 raise ServingError(errors.NO_WORKERS, f"no live worker serves {subject_model!r}")
@@ -159,24 +164,20 @@ class Router:
 
     def _reply_error_raw(self, reply: str | None, rid: str | None, model: str,
                          exc: ServingError, start: float) -> None:
-        if reply:
-            self._publish(reply, encode_error(rid, exc.code, exc.message, **exc.extra))
-        if model in self.models:
-            self._record_error(model, rid, time.time(), start, exc.code)
+        data = encode_error(rid, exc.code, exc.message, **exc.extra)
+        if model not in self.models:  # no model, no history: only the answer
+            if reply:
+                self.outbox.reply(reply, data)
+            return
+        self._answer_error(model, reply, data, rid, time.time(), start, exc.code)
 
-    def _publish(self, subject: str, data: bytes) -> None:
-        """A reply to a client: written at once; a failure (closed connection) is logged."""
-        try:
-            publish_now(self.nc, subject, data)
-        except Exception as exc:  # noqa: BLE001
-            self.log.error("reply not sent subject=%s error=%r", subject, exc)
-
-    def _record_error(self, model: str, rid: str | None, received_wall: float, start: float,
-                      code: str) -> None:
+    def _answer_error(self, model: str, reply: str | None, data: bytes, rid: str | None,
+                      received_wall: float, start: float, code: str) -> None:
         state = self.models[model]
         state.failed += 1
-        state.records.append(RequestRecord(rid, received_wall,
-                                           (time.monotonic() - start) * 1e3, code))
+        record = RequestRecord(rid, received_wall, (time.monotonic() - start) * 1e3, code)
+        state.records.append(record)
+        self.outbox.answer(model, record, reply, data)
 
     # ------------------------------------------------------------------ replies
 
@@ -189,8 +190,14 @@ class Router:
         entry.replied = True
         self.pending.pop(entry.id, None)
         if send:
-            self._publish(entry.reply, encode_error(entry.id, code, message, **extra))
-        self._record_error(entry.model, entry.id, entry.received_wall, entry.arrival, code)
+            self._answer_error(entry.model, entry.reply, encode_error(
+                entry.id, code, message, **extra), entry.id, entry.received_wall,
+                entry.arrival, code)
+        else:  # the worker answered and recorded it: only counted here (metrics, status)
+            state = self.models[entry.model]
+            state.failed += 1
+            state.records.append(RequestRecord(entry.id, entry.received_wall,
+                                               (time.monotonic() - entry.arrival) * 1e3, code))
 
     def on_results(self, msg: Msg) -> None:
         try:
@@ -203,10 +210,12 @@ class Router:
             code = admission.client_error_code(res.error.get("code"))
             for rid in res.ids:
                 entry = self.pending.get(rid)
-                if entry is not None:
-                    self.reply_error(entry, code,
-                                     f"worker {res.worker} failed: {res.error.get('message')}",
-                                     send=not res.direct)
+                if entry is None:
+                    continue
+                message = f"worker {res.worker} failed: {res.error.get('message')}"
+                if res.direct and entry.sent_reply != entry.reply:  # resent: as below
+                    self.outbox.reply(entry.reply, encode_error(rid, code, message))
+                self.reply_error(entry, code, message, send=not res.direct)
         else:
             for i, rid in enumerate(res.ids):
                 entry = self.pending.pop(rid, None)
@@ -215,17 +224,24 @@ class Router:
                 entry.replied = True
                 latency = (now - entry.arrival) * 1e3
                 label, score, exit_ = int(res.labels[i]), float(res.scores[i]), int(res.exits[i])
-                if not res.direct:  # else the worker has answered the client itself
-                    outputs = {} if res.logits is None else {"logits": res.logits[i]}
-                    self._publish(entry.reply, encode_reply(
-                        rid, entry.model, outputs, label, score, exit_, res.early, latency,
-                        res.config_version))
                 state = self.models[entry.model]
                 state.served += 1
                 state.early += int(res.early)
                 state.latencies.append(latency)
-                state.records.append(RequestRecord(rid, entry.received_wall, latency, OK, exit_,
-                                                   res.early, label, res.config_version))
+                record = RequestRecord(rid, entry.received_wall, latency, OK, exit_, res.early,
+                                       label, res.config_version)
+                state.records.append(record)
+                if res.direct and entry.sent_reply != entry.reply:
+                    # resent while its worker held it: the worker answered the abandoned
+                    # attempt (and stored the row); the newest attempt gets the same answer
+                    self.outbox.reply(entry.reply, encode_reply(
+                        rid, entry.model, {} if res.logits is None else {"logits": res.logits[i]},
+                        label, score, exit_, res.early, latency, res.config_version))
+                elif not res.direct:  # else the worker has answered and recorded it itself
+                    outputs = {} if res.logits is None else {"logits": res.logits[i]}
+                    self.outbox.answer(entry.model, record, entry.reply, encode_reply(
+                        rid, entry.model, outputs, label, score, exit_, res.early, latency,
+                        res.config_version))
         if res.release:
             inflight = self.registry.release(res.worker, res.batch_id)
             if inflight is not None:
@@ -315,6 +331,7 @@ class Router:
             return
         for e in batch:
             e.attempts += 1
+            e.sent_reply = e.reply
         state.waits_ms.append(ages_ms)  # the queue-time metric, observed at the next flush
         w = self.registry.workers[worker_id]
         w.inflight[batch_id] = Inflight(batch_id, worker_id, model, batch, now, len(batch))
@@ -385,24 +402,12 @@ class Router:
             await self.flush_records()
 
     async def flush_records(self) -> None:
-        """Publish the records kept since the last flush, in messages under the bus's
-        max_payload (a burst's records would not fit one), and count them in the metrics."""
+        """Count the answers since the last flush in the metrics (their rows left with
+        them, through the outbox)."""
         for name, state in self.models.items():
             records, state.records = state.records, []
             waits, state.waits_ms = state.waits_ms, []
             self.metered[name].count(records, waits, len(state.queue))
-            if records:
-                messages, dropped = payload_chunks(
-                    records, lambda rs, name=name: RequestTelemetry(name, self.id, rs).encode(),
-                    self.nc.max_payload)
-                for data in messages:
-                    # the id the monitor stores the records under, however often they come
-                    self.records_sent += 1
-                    await self.nc.publish(subjects.telemetry_requests(name), data, headers={
-                        "Nats-Msg-Id": f"{self.id}:{self.records_sent}"})
-                if dropped:  # only a record over the limit on its own: say so
-                    self.log.error("request records too large to send %s",
-                                   logs.kv(model=name, dropped=dropped))
 
     async def on_models(self, msg: Msg) -> None:
         models = [dict(state.spec.describe(), ready=self.registry.ready(name))
@@ -448,6 +453,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     # Answer everything still pending so no client waits for a reply that never comes.
     for entry in list(router.pending.values()):
         router.reply_error(entry, errors.NO_WORKERS, "router shutting down")
+    router.outbox.flush()
     await router.flush_records()
     for t in list(router.tasks):
         t.cancel()

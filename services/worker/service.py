@@ -28,7 +28,14 @@ from schemas import errors, subjects
 from schemas.errors import ServingError
 from schemas.heartbeat import Heartbeat
 from schemas.messages import Batch, ExitConfig, Results, decode_map, encode_error, encode_reply
-from schemas.telemetry import FINAL_LOGITS_MAX_CLASSES, RampFeatures, SampleTelemetry
+from schemas.telemetry import (
+    FINAL_LOGITS_MAX_CLASSES,
+    OK,
+    RampFeatures,
+    RequestRecord,
+    RequestTelemetry,
+    SampleTelemetry,
+)
 from services.common import bus, logs, metrics
 from services.common.background import run_low
 from services.common.config import Config
@@ -95,6 +102,7 @@ class Worker:
         self.inline = False
         self.telemetry = TelemetryBuffer()
         self.telemetry_sent = 0  # telemetry messages published (their ids count up)
+        self.records_sent = 0    # request-record messages published (ids count up too)
         self.late_answers = 0    # answers past their SLO: the client got deadline_exceeded
         self.backlog = FeedbackBacklog(cfg.feedback_backlog)
         # pooled features at this stage's ramp sites for a sample of inputs (online ramp
@@ -480,11 +488,15 @@ class Worker:
             ages = [batch.ages_ms[i] + waited for i in idx]
             if len(batch.slos_ms) == len(batch.ids):  # past its SLO: the client gets that
                 late = np.array([a >= batch.slos_ms[i] for a, i in zip(ages, idx)], bool)
-            self._publish_threadsafe([(batch.replies[i], encode_error(
-                ids[k], errors.DEADLINE_EXCEEDED, f"answered {ages[k]:.0f} ms after admission, "
-                f"past its SLO of {batch.slos_ms[i]:.0f} ms") if late[k] else encode_reply(
-                ids[k], batch.model, {"logits": logits[k]}, int(labels[k]), float(scores[k]),
-                int(exits[k]), early, ages[k], config.version))
+            # their rows lead the same write: an answer never goes out without its row,
+            # whatever happens to this worker or the router afterwards
+            self._publish_threadsafe([self._records_message(
+                batch, ids, ages, late, labels, exits, early, config.version)] + [
+                (batch.replies[i], encode_error(
+                    ids[k], errors.DEADLINE_EXCEEDED, f"answered {ages[k]:.0f} ms after "
+                    f"admission, past its SLO of {batch.slos_ms[i]:.0f} ms") if late[k] else
+                 encode_reply(ids[k], batch.model, {"logits": logits[k]}, int(labels[k]),
+                              float(scores[k]), int(exits[k]), early, ages[k], config.version))
                 for k, i in enumerate(idx)], flush=True)
         if late.any():
             self.late_answers += int(late.sum())
@@ -502,6 +514,21 @@ class Worker:
                 batch.batch_id, self.id, self.plan.stage, ids, labels, scores, exits,
                 None if direct else logits, early, config.version, release=release,
                 direct=direct).encode())])
+
+    def _records_message(self, batch: Batch, ids: list[str], ages: list[float],
+                         late: np.ndarray, labels: np.ndarray, exits: np.ndarray, early: bool,
+                         version: int) -> tuple[str, bytes, str]:
+        """Request telemetry for answers this worker sends itself (the router records only
+        the answers it sends), stored under an id of its own like sample telemetry."""
+        now = time.time()
+        records = [RequestRecord(rid, now - age / 1e3, age, errors.DEADLINE_EXCEEDED)
+                   if late[k] else RequestRecord(rid, now - age / 1e3, age, OK,
+                                                 int(exits[k]), early, int(labels[k]), version)
+                   for k, (rid, age) in enumerate(zip(ids, ages, strict=True))]
+        self.records_sent += 1
+        return (subjects.telemetry_requests(batch.model),
+                RequestTelemetry(batch.model, self.id, records).encode(),
+                f"{self.id}:r{self.records_sent}")
 
     def _release(self, batch: Batch, config: ExitConfig) -> None:
         empty = np.zeros(0, dtype=np.int32)

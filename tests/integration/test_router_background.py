@@ -39,24 +39,62 @@ def _router() -> Router:
                   make_policy("fixed", cfg.max_batch, 0), logging.getLogger("test"))
 
 
-def test_a_burst_of_records_goes_out_under_max_payload_and_complete():
+def _capture_writes(monkeypatch) -> list[list[tuple]]:
+    """Each write the router's outbox makes: the messages it holds, in order."""
+    import services.router.outbox as outbox_module
+
+    writes: list[list[tuple]] = []
+
+    def publish_many(nc, messages):
+        assert all(len(m[1]) <= nc.max_payload for m in messages)  # what nats-py refuses
+        writes.append(list(messages))
+
+    monkeypatch.setattr(outbox_module, "publish_many", publish_many)
+    return writes
+
+
+def test_a_burst_of_records_goes_out_under_max_payload_and_complete(monkeypatch):
+    writes = _capture_writes(monkeypatch)
+
     async def run() -> Router:
         router = _router()
-        state = router.models["tiny"]
-        state.records = [RequestRecord(f"req-{i:05d}-" + "x" * 40, 1.0 + i, 2.0, OK, 1, True,
-                                       3, 7) for i in range(20_000)]
-        await router.flush_records()
+        for i in range(20_000):
+            router.outbox.answer("tiny", RequestRecord(f"req-{i:05d}-" + "x" * 40, 1.0 + i,
+                                                       2.0, OK, 1, True, 3, 7), None, b"")
+        await asyncio.sleep(0)  # the outbox writes at the end of the loop iteration
+        return router
+
+    asyncio.run(run())
+    assert len(writes) == 1
+    sent = writes[0]
+    assert len(sent) > 1 and all(m[0] == subjects.telemetry_requests("tiny") for m in sent)
+    ids = [r.id for m in sent for r in RequestTelemetry.decode(decode_map(m[1])).records]
+    assert ids == [f"req-{i:05d}-" + "x" * 40 for i in range(20_000)]
+    # every message has its own id: the stream drops a resent copy, the monitor stores it once
+    assert len({m[2] for m in sent}) == len(sent)
+
+
+def test_an_answer_never_leaves_without_its_row(monkeypatch):
+    """A refusal and the record that stores it go out in one write, record first: a router
+    killed at any point leaves no client holding an answer the history lacks."""
+    writes = _capture_writes(monkeypatch)
+
+    async def run() -> Router:
+        router = _router()
+        entry = Pending(id="r1", model="tiny", reply="_INBOX.client.a.1",
+                        inputs={"x": np.zeros(16, "<f4")}, arrival=0.0, deadline=1e9)
+        router.pending["r1"] = entry
+        router.reply_error(entry, "deadline_exceeded", "too late")
+        await asyncio.sleep(0)
         return router
 
     router = asyncio.run(run())
-    sent = router.nc.sent
-    assert len(sent) > 1 and all(s == subjects.telemetry_requests("tiny") for s, _ in sent)
-    assert all(len(d) <= FakeBus.max_payload for _, d in sent)
-    ids = [r.id for _, d in sent for r in RequestTelemetry.decode(decode_map(d)).records]
-    assert ids == [f"req-{i:05d}-" + "x" * 40 for i in range(20_000)]
-    assert router.models["tiny"].records == []
-    # every message has its own id: the stream drops a resent copy, the monitor stores it once
-    assert len(set(router.nc.ids)) == len(sent) and all(router.nc.ids)
+    (write,) = writes
+    assert [m[0] for m in write] == [subjects.telemetry_requests("tiny"), "_INBOX.client.a.1"]
+    (record,) = RequestTelemetry.decode(decode_map(write[0][1])).records
+    assert (record.id, record.status) == ("r1", "deadline_exceeded")
+    assert decode_map(write[1][1])["error"]["code"] == "deadline_exceeded"
+    assert router.models["tiny"].records[0].status == "deadline_exceeded"  # for the metrics
 
 
 def test_a_failed_background_loop_is_restarted(monkeypatch, caplog):

@@ -11,7 +11,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from schemas import subjects
 from schemas.messages import Batch, ExitConfig, Results, decode_map
+from schemas.telemetry import RequestTelemetry
 from services.common import config as config_mod
 from services.worker.feedback_backlog import SetAside
 
@@ -41,7 +43,7 @@ def _batch(name: str, n: int = 2) -> Batch:
 
 
 def _results(sent):
-    return [Results.decode(decode_map(data)) for subject, data in sent if subject == "router.r"]
+    return [Results.decode(decode_map(m[1])) for m in sent if m[0] == "router.r"]
 
 
 @pytest.mark.parametrize("use_taps", [True, False], ids=["tapped", "split"])
@@ -137,9 +139,16 @@ def test_an_answer_past_its_slo_reaches_the_client_as_deadline_exceeded_once(mod
         await asyncio.get_running_loop().run_in_executor(None, w.compute, b, cfg,
                                                          time.monotonic())
         await asyncio.sleep(0)
-        replies = [(s, dm(d)) for s, d in sent if s.startswith("inbox.")]
+        replies = [(m[0], dm(m[1])) for m in sent if m[0].startswith("inbox.")]
         to_client = dict(replies)
         assert sorted(s for s, _ in replies) == ["inbox.0", "inbox.1"]  # one message each
+        # the worker stores what it answered, in the write that answers, before the answers
+        first = [m[0] for m in sent].index("inbox.0")
+        rows = [m for m in sent[:first] if m[0] == subjects.telemetry_requests(cfg.model)]
+        assert len(rows) == 1 and rows[0][2]  # with its own message id
+        records = RequestTelemetry.decode(dm(rows[0][1])).records
+        assert [(r.id, r.status, r.exit) for r in records] == [
+            ("d-0", "ok", -1), ("d-1", "deadline_exceeded", None)]
         assert to_client["inbox.0"]["id"] == "d-0" and "error" not in to_client["inbox.0"]
         assert to_client["inbox.1"]["error"]["code"] == "deadline_exceeded"
         res = _results(sent)

@@ -144,7 +144,7 @@ class Router:
                 workers = sum(w.stage == 0 for w in self.registry.for_model(subject_model))
                 retry = admission.retry_after_ms(
                     state.service_ms, len(state.queue), self.policy_batch(),
-                    state.drained.rate(now), workers * self.cfg.worker_credit)
+                    state.drained.hint_rate(now), workers * self.cfg.worker_credit)
                 raise ServingError(errors.OVERLOADED,
                                    f"queue for {subject_model!r} is full ({state.queue.limit} waiting)",
                                    retry_after_ms=retry) from None

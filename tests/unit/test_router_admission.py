@@ -232,3 +232,25 @@ def test_retry_after_from_the_recent_drain_rate():
 def test_retry_after_before_anything_was_served_counts_batches_served_at_once():
     assert adm.retry_after_ms(20.0, 1024, 16, None) == 1280.0             # one at a time
     assert adm.retry_after_ms(20.0, 1024, 16, None, parallel=4) == 320.0  # 2 workers x 2
+
+
+def test_the_hint_hedges_toward_the_best_recent_second():
+    drained = adm.DrainRate()
+    for i in range(200):  # 2 s at 1,600 requests/s
+        drained.add(100.0 + 0.01 * i, 16)
+    for i in range(100):  # then a burst slows serving to 400/s
+        drained.add(102.0 + 0.04 * i, 16)
+    now = 106.0
+    current = drained.rate(now)
+    assert current == pytest.approx(400, rel=0.05)
+    # the best second served 1,600: the hint divides by the geometric mean, 800
+    assert drained.hint_rate(now) == pytest.approx((current * 1600) ** 0.5, rel=0.02)
+    # a memory of BEST_MEMORY_S: long after, only the current rate counts
+    later = 102.0 + adm.BEST_MEMORY_S + 10
+    for i in range(300):
+        drained.add(later - 3 + 0.01 * i, 4)
+    assert drained.hint_rate(later) == pytest.approx(drained.rate(later))
+    # no better past: the current rate as it is
+    fresh = adm.DrainRate()
+    fresh.add(5.0, 16)
+    assert fresh.hint_rate(5.01) == fresh.rate(5.01)

@@ -1,4 +1,4 @@
-"""``offramp bench overhead|apparate``: side-by-side measurements that print a table and write JSON."""
+"""``offramp bench overhead|apparate|chaos``: measurements that print a table and write JSON."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON")
-    bench.add_argument("which", choices=["overhead", "apparate"])
+    bench.add_argument("which", choices=["overhead", "apparate", "chaos"])
     bench.add_argument("--json", required=True, help="output file")
-    bench.add_argument("--model", default="efficientnet-lite0")
+    bench.add_argument("--model", help="default efficientnet-lite0 (chaos: tiny)")
     bench.add_argument("--trivial-model", default="tiny")
     bench.add_argument("--requests", type=int,
                        help="overhead: requests per light-load run (default 300); apparate "
@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--arrivals", help="apparate: arrival spec overriding the trace's, e.g. "
                        "poisson:10 (default: the trace's arrival_s, else Poisson light load at "
                        "20%% of the full model's capacity)")
-    bench.add_argument("--seed", type=int, default=0, help="apparate: seed of --arrivals")
+    bench.add_argument("--seed", type=int, default=0,
+                       help="apparate: seed of --arrivals; chaos: seed of the fuzzed messages")
     bench.add_argument("--constraint", type=float, default=0.01, help="tolerated agreement loss")
     bench.add_argument("--budget", type=float, default=0.02, help="ramp budget (share of the model)")
     bench.add_argument("--delay-ms", type=float, default=0.0,
@@ -47,10 +48,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--scene-frames", metavar="MIN:MAX",
                        help="apparate --live, video: scene lengths in frames (default 16:120; a fixed "
                        "camera's run far longer, e.g. 600:1800)")
+    # chaos: failures and hostile input under load, on a private stack
+    bench.add_argument("--scenarios", help="chaos: comma list of worker-kill, router-kill, "
+                       "monitor-kill, nats-restart, burst, fuzz, attacks (default: all)")
+    bench.add_argument("--quick", action="store_true",
+                       help="chaos: shorter loads and a 5,000-request burst instead of 20,000")
+    bench.add_argument("--resend-after", type=float, default=2.0, metavar="S",
+                       help="chaos, router-kill: the client resends a request with no reply "
+                       "after S seconds, once, same id, new reply subject")
+    bench.add_argument("--keep-state", action="store_true",
+                       help="chaos: keep the private stack's state folder (logs, store)")
     bench.set_defaults(fn=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.which == "chaos":
+        from services.bench.chaos import run_chaos
+        args.model = args.model or "tiny"
+        return run_chaos(args)
+    args.model = args.model or "efficientnet-lite0"
     if args.which == "overhead":
         from services.bench.overhead import run_overhead
         args.requests = 300 if args.requests is None else args.requests

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, Self, TypeVar
@@ -306,6 +306,24 @@ class Store:
                 Request.model == model, Request.received_at >= naive_utc(since),
                 Request.status == "ok", Request.latency_ms.is_not(None)))
             return {rid: float(ms) for rid, ms in rows}
+
+    def request_statuses(self, prefix: str, ids: Iterable[str] = ()) -> list[tuple[str, str]]:
+        """(request id, status) of every stored request whose id starts with ``prefix`` or is
+        one of ``ids``, one pair per row (an id stored twice comes twice): what a bench
+        compares with the replies its client got."""
+        unique = sorted(set(ids))
+        chunks = [unique[i:i + 500] for i in range(0, len(unique), 500)]  # bound IN lists
+        wanted = [Request.request_id.startswith(prefix, autoescape=True)] if prefix else []
+        out: list[tuple[str, str]] = []
+        seen: set[int] = set()  # a row matched by prefix and by id counts once
+        with self.engine.connect() as conn:
+            for where in [*wanted, *(Request.request_id.in_(c) for c in chunks)]:
+                for pk, rid, status in conn.execute(
+                        select(Request.id, Request.request_id, Request.status).where(where)):
+                    if pk not in seen:
+                        seen.add(pk)
+                        out.append((rid, status))
+        return out
 
     def exit_profile_summary(self, model: str, since: datetime) -> list[dict[str, Any]]:
         """Per ramp over windows ending at or after `since`: windows, samples, and the

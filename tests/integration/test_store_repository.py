@@ -326,3 +326,19 @@ def test_workers_upsert(store: Store) -> None:
     store.upsert_worker("w-a", "m", 0, 0, 3, "h1", 99, "up", t0 + timedelta(seconds=5))  # restarted
     assert store.workers("m")[0]["started_at"] == t0 + timedelta(seconds=5)
     assert len(store.workers()) == 3
+
+
+def test_request_statuses_by_prefix_and_ids(store: Store) -> None:
+    now = utcnow()
+    rows = [{"request_id": rid, "model": m, "received_at": now, "status": status}
+            for rid, m, status in [("ca-1", "m", "ok"), ("ca-1", "m", "bad_request"),
+                                   ("ca-2", "n", "overloaded"), ("c%-3", "m", "ok"),
+                                   ("cb-1", "m", "ok"), ("x", "m", "ok")]]
+    store.add_requests(rows)
+    got = sorted(store.request_statuses("ca-"))
+    assert got == [("ca-1", "bad_request"), ("ca-1", "ok"), ("ca-2", "overloaded")]
+    # the prefix is literal (no LIKE wildcards); listed ids add rows, each row once
+    assert sorted(store.request_statuses("c%", ["x", "ca-2"])) == [
+        ("c%-3", "ok"), ("ca-2", "overloaded"), ("x", "ok")]
+    assert store.request_statuses("", ["cb-1"]) == [("cb-1", "ok")]
+    assert store.request_statuses("zz") == []

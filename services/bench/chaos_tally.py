@@ -1,0 +1,116 @@
+"""What a chaos scenario's client saw, set against the store: counts of answers per code,
+silent losses, duplicate replies and request rows missing, mismatched or extra.
+
+Pure: the requests and their replies come from ``services.bench.tracked_load``, the rows
+from the store, and the figures are plain counts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+OK = "ok"
+# Answers the NATS server gives itself (no router saw the request): no row is due for them.
+NO_RESPONDERS = "no_responders"
+LOCAL_CODES = frozenset({NO_RESPONDERS})
+
+
+@dataclass(slots=True)
+class Reply:
+    t: float                    # when it arrived (time.monotonic)
+    subject: str                # the reply subject it came on
+    code: str                   # "ok" or the error code
+    rid: str | None             # the id the reply carries
+    config_version: int | None  # exit config of a success reply
+
+
+@dataclass(slots=True)
+class Tracked:
+    """One request and every attempt at it: the reply subject and send time of each (a
+    resend reuses the id with a new subject), and every reply on any of them."""
+
+    rid: str | None             # the id sent (None: unknown, e.g. a fuzzed body)
+    subjects: list[str] = field(default_factory=list)
+    sent: list[float] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)
+
+    @property
+    def first(self) -> Reply | None:
+        return min(self.replies, key=lambda r: r.t) if self.replies else None
+
+
+def row_key(t: Tracked, by_reply_id: bool) -> str | None:
+    """The request id a row should carry: the id sent, or (a fuzzed body whose id may be
+    mangled) the one the first reply names."""
+    if not by_reply_id:
+        return t.rid
+    first = t.first
+    # "" cannot be told apart from the rows of requests that had no id at all
+    return (first.rid or None) if first is not None else None
+
+
+def tally(requests: list[Tracked], rows: list[tuple[str, str]],
+          by_reply_id: bool = False) -> dict:
+    """The scenario's figures. The client's outcome of a request is its first reply; a
+    request is a silent loss when no attempt got any reply. ``duplicate_replies`` counts
+    replies beyond the first on one reply subject, ``answered_twice`` requests answered on
+    more than one of their subjects (a resend that was not needed). Rows: each answered
+    request is due one row with the status its client got; ``rows_missing`` counts those
+    without one, ``rows_mismatched`` those whose one row has another status, ``extra_rows``
+    rows beyond one per answered request and rows of requests never answered."""
+    firsts = [t.first for t in requests]
+    codes = Counter(f.code for f in firsts if f is not None)
+    per_subject = Counter(r.subject for t in requests for r in t.replies)
+    due: Counter[str] = Counter()
+    client_code: dict[str, str] = {}
+    without_id = 0
+    for t, f in zip(requests, firsts, strict=True):
+        if f is None or f.code in LOCAL_CODES:
+            continue
+        key = row_key(t, by_reply_id)
+        if key is None:
+            without_id += 1
+            continue
+        due[key] += 1
+        client_code[key] = f.code
+    stored: dict[str, list[str]] = {}
+    for rid, status in rows:
+        stored.setdefault(rid, []).append(status)
+    missing = {k: n - len(stored.get(k, [])) for k, n in due.items() if n > len(stored.get(k, []))}
+    mismatched = [k for k, n in due.items()
+                  if n == 1 and len(stored.get(k, [])) == 1 and stored[k][0] != client_code[k]]
+    extra = {k: len(v) - due.get(k, 0) for k, v in stored.items() if len(v) > due.get(k, 0)}
+    return {
+        "requests": len(requests),
+        "ok": codes.get(OK, 0),
+        "errors": dict(sorted((c, n) for c, n in codes.items() if c != OK)),
+        "silent_losses": sum(f is None for f in firsts),
+        "duplicate_replies": sum(n - 1 for n in per_subject.values() if n > 1),
+        "answered_twice": sum(len({r.subject for r in t.replies}) > 1 for t in requests),
+        "resent": sum(len(t.subjects) > 1 for t in requests),
+        "rows_due": sum(due.values()),
+        "rows_missing": sum(missing.values()),
+        "rows_mismatched": len(mismatched),
+        "extra_rows": sum(extra.values()),
+        "answered_without_id": without_id,
+        # a few of each, to look them up in the store and the logs
+        "examples": {"silent_losses": sample(t.rid for t, f in zip(requests, firsts, strict=True)
+                                             if f is None and t.rid),
+                     "duplicate_replies": sample(duplicated(requests, per_subject)),
+                     "rows_missing": sample(missing), "rows_mismatched": sample(mismatched),
+                     "extra_rows": sample(extra)},
+    }
+
+
+def duplicated(requests: list[Tracked], per_subject: Counter) -> list[str]:
+    """"<id> <subject's last token>: <codes in order of arrival>" of every reply subject
+    that got more than one reply."""
+    return [f"{t.rid} {s.rsplit('.', 1)[-1]}: "
+            + ", ".join(r.code for r in sorted(t.replies, key=lambda r: r.t) if r.subject == s)
+            for t in requests for s in t.subjects if per_subject[s] > 1]
+
+
+def sample(ids, n: int = 5, width: int = 80) -> list[str]:
+    """The first ``n`` ids in sorted order, each cut to ``width`` characters (a fuzzed id
+    may be 256 KB)."""
+    return [k[:width] for k in sorted(ids)[:n]]

@@ -1,0 +1,71 @@
+"""The chaos bench's accounting: what its client saw against the store's rows, counted by
+hand on small cases; and its fuzzed messages, deterministic and of every kind."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from services.bench.chaos_tally import Reply, Tracked, tally
+from services.bench.request_fuzz import MUTATIONS, mutated
+
+
+def _req(rid, *replies, resent=False):
+    """A request with replies given as (time, attempt, code, id)."""
+    t = Tracked(rid, [f"s.{rid}"] + ([f"s.{rid}-r1"] if resent else []), [0.0])
+    for at, attempt, code, reply_id in replies:
+        t.replies.append(Reply(at, t.subjects[attempt], code, reply_id, 1))
+    return t
+
+
+def test_codes_losses_duplicates_and_resends():
+    reqs = [_req("a", (1.0, 0, "ok", "a")),
+            _req("b", (1.0, 0, "overloaded", "b"), (1.1, 0, "ok", "b")),  # two on one subject
+            _req("c"),                                                      # no reply at all
+            _req("d", (3.0, 1, "ok", "d"), resent=True),                    # resend answered
+            _req("e", (2.5, 1, "ok", "e"), (2.9, 0, "ok", "e"), resent=True),  # both answered
+            _req("f", (0.5, 0, "no_responders", None))]
+    got = tally(reqs, [("a", "ok"), ("b", "overloaded"), ("d", "ok"), ("e", "ok")])
+    assert got["requests"] == 6
+    assert got["ok"] == 3  # a, d, e; b's first reply was overloaded
+    assert got["errors"] == {"no_responders": 1, "overloaded": 1}
+    assert got["silent_losses"] == 1
+    assert got["duplicate_replies"] == 1
+    assert got["answered_twice"] == 1
+    assert got["resent"] == 2
+    # rows are due for a, b, d, e (no router saw f)
+    assert (got["rows_due"], got["rows_missing"], got["rows_mismatched"], got["extra_rows"]) == (
+        4, 0, 0, 0)
+    assert got["examples"]["duplicate_replies"] == ["b b: overloaded, ok"]
+
+
+def test_rows_missing_mismatched_and_extra():
+    reqs = [_req(r, (1.0, 0, "ok", r)) for r in "abcd"] + [_req("x")]
+    rows = [("a", "ok"), ("b", "deadline_exceeded"), ("c", "ok"), ("c", "ok"), ("x", "ok"),
+            ("zz", "ok")]
+    got = tally(reqs, rows)
+    assert got["rows_missing"] == 1        # d
+    assert got["rows_mismatched"] == 1     # b: the client got ok
+    assert got["extra_rows"] == 3          # c's second, x (never answered), zz
+    assert got["examples"] == {"silent_losses": ["x"], "duplicate_replies": [],
+                               "rows_missing": ["d"], "rows_mismatched": ["b"],
+                               "extra_rows": ["c", "x", "zz"]}
+
+
+def test_fuzzed_requests_are_matched_by_the_id_their_reply_names():
+    reqs = [_req(None, (1.0, 0, "bad_request", "t-1")),
+            _req(None, (1.0, 0, "bad_request", None)),   # too mangled to have an id
+            _req(None, (1.0, 0, "bad_request", "")),     # "" is what id-less rows carry
+            _req(None, (1.0, 0, "ok", "t-3"))]
+    got = tally(reqs, [("t-1", "bad_request"), ("t-3", "ok")], by_reply_id=True)
+    assert got["answered_without_id"] == 2
+    assert (got["rows_due"], got["rows_missing"], got["extra_rows"]) == (2, 0, 0)
+
+
+def test_fuzz_is_deterministic_and_covers_every_mutation():
+    inputs = [{"x": np.linspace(0, 1, 16, dtype=np.float32)}]
+    a = mutated("tiny", inputs, 2000, "t", seed=3)
+    assert a == mutated("tiny", inputs, 2000, "t", seed=3)
+    assert len(a) == 2000 and {k for k, _, _ in a} == set(MUTATIONS)
+    assert [rid for _, rid, _ in a[:3]] == ["t-0", "t-1", "t-2"]
+    assert all(isinstance(body, bytes) for _, _, body in a)
+    assert len({body for _, _, body in a}) > 1600  # mutations, not copies (non-maps repeat)

@@ -479,41 +479,47 @@ class Worker:
                 early: bool, release: bool = False) -> None:
         """Results for samples ``idx``: straight to each client when the router passed reply
         subjects (saves a hop), and always to the router, which records them (and replies
-        itself only for batches without reply subjects)."""
+        itself only for batches without reply subjects).
+
+        Rows, answers and the router's Results leave in one write, in that order: a worker
+        killed at any moment has either sent all three or none, so a client never holds an
+        answer without its row, nor gets a second one after the router re-dispatches the
+        work of a worker it thinks lost."""
         ids = [batch.ids[i] for i in idx]
         direct = len(batch.replies) == len(batch.ids) and len(batch.ages_ms) == len(batch.ids)
         late = np.zeros(len(ids), bool)
-        if direct:  # the clients' answers go out first, before any bookkeeping
+        messages: list[tuple] = []
+        if direct:
             waited = (time.monotonic() - received) * 1e3
             ages = [batch.ages_ms[i] + waited for i in idx]
             if len(batch.slos_ms) == len(batch.ids):  # past its SLO: the client gets that
                 late = np.array([a >= batch.slos_ms[i] for a, i in zip(ages, idx)], bool)
-            # their rows lead the same write: an answer never goes out without its row,
-            # whatever happens to this worker or the router afterwards
-            self._publish_threadsafe([self._records_message(
-                batch, ids, ages, late, labels, exits, early, config.version)] + [
-                (batch.replies[i], encode_error(
-                    ids[k], errors.DEADLINE_EXCEEDED, f"answered {ages[k]:.0f} ms after "
-                    f"admission, past its SLO of {batch.slos_ms[i]:.0f} ms") if late[k] else
-                 encode_reply(ids[k], batch.model, {"logits": logits[k]}, int(labels[k]),
-                              float(scores[k]), int(exits[k]), early, ages[k], config.version))
-                for k, i in enumerate(idx)], flush=True)
+            messages.append(self._records_message(batch, ids, ages, late, labels, exits, early,
+                                                  config.version))
+            messages += [(batch.replies[i], encode_error(
+                ids[k], errors.DEADLINE_EXCEEDED, f"answered {ages[k]:.0f} ms after "
+                f"admission, past its SLO of {batch.slos_ms[i]:.0f} ms") if late[k] else
+                encode_reply(ids[k], batch.model, {"logits": logits[k]}, int(labels[k]),
+                             float(scores[k]), int(exits[k]), early, ages[k], config.version))
+                for k, i in enumerate(idx)]
         if late.any():
             self.late_answers += int(late.sum())
             ok = np.flatnonzero(~late)
             ids, labels, scores, exits = ([ids[k] for k in ok], labels[ok], scores[ok],
                                           exits[ok])
-            self._publish_threadsafe([(batch.router, Results(  # recorded, not answered again
+            messages.append((batch.router, Results(  # recorded, not answered again
                 batch.batch_id, self.id, self.plan.stage,
                 [batch.ids[i] for i in np.asarray(idx)[late]], labels[:0], scores[:0],
                 exits[:0], None, early, config.version, direct=True,
                 error={"code": errors.DEADLINE_EXCEEDED, "message": "answered after its SLO"}
-            ).encode())])
+            ).encode()))
         if ids or release:
-            self._publish_threadsafe([(batch.router, Results(
+            messages.append((batch.router, Results(
                 batch.batch_id, self.id, self.plan.stage, ids, labels, scores, exits,
                 None if direct else logits, early, config.version, release=release,
-                direct=direct).encode())])
+                direct=direct).encode()))
+        if messages:
+            self._publish_threadsafe(messages, flush=direct)
 
     def _records_message(self, batch: Batch, ids: list[str], ages: list[float],
                          late: np.ndarray, labels: np.ndarray, exits: np.ndarray, early: bool,

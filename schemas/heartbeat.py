@@ -32,6 +32,9 @@ class Heartbeat:
     late: int = 0           # answers past their SLO since start (sent as deadline_exceeded)
     config_version: int = 0
     t: float = 0.0          # unix seconds
+    # stage-0 batches it holds (received, not yet released); None: it does not say. A
+    # router settles a batch it sent that a later heartbeat does not list (lost in transit)
+    held: tuple[str, ...] | None = None
 
     def encode(self) -> bytes:
         return pack({"v": SCHEMA_VERSION, "worker": self.worker, "model": self.model,
@@ -42,7 +45,8 @@ class Heartbeat:
                      "batches": int(self.batches), "set_aside": int(self.set_aside),
                      "gave_way": int(self.gave_way), "late": int(self.late),
                      "config_version": int(self.config_version),
-                     "t": float(self.t)})
+                     "t": float(self.t),
+                     **({} if self.held is None else {"held": list(self.held)})})
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> Heartbeat:
@@ -54,4 +58,5 @@ class Heartbeat:
                    queued=f.integer("queued", 0), batches=f.integer("batches", 0),
                    set_aside=f.integer("set_aside", 0), gave_way=f.integer("gave_way", 0),
                    late=f.integer("late", 0),
-                   config_version=f.integer("config_version", 0), t=f.number("t", 0.0))
+                   config_version=f.integer("config_version", 0), t=f.number("t", 0.0),
+                   held=None if msg.get("held") is None else tuple(f.texts("held")))

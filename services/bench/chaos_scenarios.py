@@ -1,6 +1,8 @@
 """The chaos bench's scenarios, each under load with request ids of its own: kill a worker,
-a router (with a backlog, the client resending), the monitor (three times) and the
-nats-server; a burst; fuzzed messages; the five client attacks on the bus. Each returns
+a router (with a backlog), the monitor (three times) and the nats-server; a burst; fuzzed
+messages; the five client attacks on the bus. The client follows the contract's resend
+rule everywhere (schemas/README.md, "Resending"): a request unanswered after
+``resend_after`` s is sent once more, same id. Each returns
 the load it tracked and the facts only it can measure; ``services.bench.chaos`` sets the
 replies against the store and reports."""
 
@@ -70,7 +72,7 @@ class Chaos:
 
         return make
 
-    async def load(self, tag: str, resend: bool = False) -> TrackedLoad:
+    async def load(self, tag: str, resend: bool = True) -> TrackedLoad:
         load = TrackedLoad(self.nc, subjects.infer(self.model), self.inbox, tag,
                            self.resend_after if resend else None)
         await load.start()
@@ -180,7 +182,7 @@ async def router_kill(c: Chaos) -> Staged:
     with no reply after ``resend_after`` s."""
     tag, name = c.tag(), "router"
     n = 4000 if c.quick else 10000
-    load = await c.load(tag, resend=True)
+    load = await c.load(tag)
     at_kill: dict = {}
 
     def kill() -> None:

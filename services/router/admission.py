@@ -44,6 +44,13 @@ def worker_timeout_s(heartbeat_ms: float) -> float:
     return MISSED_HEARTBEATS * heartbeat_ms / 1000.0
 
 
+def transit_margin_s(heartbeat_ms: float) -> float:
+    """How long after dispatch a heartbeat must come to show a batch that never arrived:
+    five periods, at least 2 s, well past the 3 missed periods that already make a silent
+    worker lost, so a slow delivery to a busy worker is not taken for a loss."""
+    return max(2.0, 5 * heartbeat_ms / 1000.0)
+
+
 def request_deadline(now: float, slo_ms: float | None, default_slo_ms: float) -> float:
     """The deadline of a request arriving at ``now``: its own SLO, else the default one."""
     slo = slo_ms if slo_ms is not None else default_slo_ms

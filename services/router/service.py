@@ -358,8 +358,26 @@ class Router:
                 self.log.info("worker joined %s", logs.kv(worker=hb.worker, model=hb.model,
                                                          stage=hb.stage))
                 self.models[hb.model].wake.set()
+            # e.g. sent just before a NATS restart, or before the worker subscribed again
+            lost = self.registry.lost_in_transit(hb.worker, hb.held, time.monotonic(),
+                                                 admission.transit_margin_s(self.cfg.heartbeat_ms))
+            if lost:
+                self.log.warning("batches lost in transit %s", logs.kv(
+                    worker=hb.worker, batches=len(lost)))
+                self._take_back(lost)
         except Exception as exc:  # noqa: BLE001
             self.log.warning("bad heartbeat: %r", exc)
+
+    def _take_back(self, batches) -> None:
+        """Work a worker will never answer: its unanswered requests go back to the queue."""
+        for inflight in batches:
+            state = self.models[inflight.model]
+            outcome = admission.after_worker_loss(inflight.entries)
+            for e, refusal in outcome.give_up:
+                self.reply_error(e, refusal.code, refusal.message)
+            for e in outcome.requeue:
+                state.queue.push(e, force=True)   # already admitted: not bounced by the limit
+            state.wake.set()
 
     async def sweep_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -373,14 +391,7 @@ class Router:
         for dead in self.registry.expire(now):
             self.log.warning("worker lost %s", logs.kv(worker=dead.id, model=dead.model,
                                                        stage=dead.stage, inflight=len(dead.inflight)))
-            for inflight in dead.inflight.values():
-                state = self.models[inflight.model]
-                outcome = admission.after_worker_loss(inflight.entries)
-                for e, refusal in outcome.give_up:
-                    self.reply_error(e, refusal.code, refusal.message)
-                for e in outcome.requeue:
-                    state.queue.push(e, force=True)   # already admitted: not bounced by the limit
-                state.wake.set()
+            self._take_back(dead.inflight.values())
         for name, state in self.models.items():
             for e in state.queue.expire(now):
                 self.reply_error(e, errors.DEADLINE_EXCEEDED, "deadline passed while queued")

@@ -57,6 +57,22 @@ class WorkerRegistry:
         state.set_aside, state.gave_way, state.late = set_aside, gave_way, late
         return False
 
+    def lost_in_transit(self, worker: str, held: tuple[str, ...] | None, now: float,
+                        margin_s: float) -> list[Inflight]:
+        """Batches sent to ``worker`` at least ``margin_s`` before a heartbeat that does not
+        list them, taken off its in-flight work: it never got them (a batch it released is
+        released here first: its release and its heartbeats leave on one connection, in
+        order). A worker that does not report what it holds (``held`` None) loses none."""
+        state = self.workers.get(worker)
+        if held is None or state is None or not state.inflight:
+            return []
+        listed = set(held)
+        lost = [b for b in state.inflight.values()
+                if b.batch_id not in listed and now - b.dispatched >= margin_s]
+        for b in lost:
+            del state.inflight[b.batch_id]
+        return lost
+
     def remove(self, worker: str) -> WorkerState | None:
         return self.workers.pop(worker, None)
 

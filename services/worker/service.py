@@ -103,6 +103,7 @@ class Worker:
         self.telemetry = TelemetryBuffer()
         self.telemetry_sent = 0  # telemetry messages published (their ids count up)
         self.records_sent = 0    # request-record messages published (ids count up too)
+        self.held: set[str] = set()  # stage-0 batches received and not yet released
         self.late_answers = 0    # answers past their SLO: the client got deadline_exceeded
         self.backlog = FeedbackBacklog(cfg.feedback_backlog)
         # pooled features at this stage's ramp sites for a sample of inputs (online ramp
@@ -131,6 +132,8 @@ class Worker:
             self.log.error("dropping malformed batch: %r", exc)
             return
         received = time.monotonic()
+        if self.plan.stage == 0:
+            self.held.add(batch.batch_id)  # listed by heartbeats until released
         if self.queue.empty() and not self.busy and self._is_inline(batch):
             self.process_inline(batch, received)  # idle and trivial: no hand-off to the run task
         else:
@@ -302,6 +305,7 @@ class Worker:
             batch.batch_id, self.id, self.plan.stage, batch.ids, np.zeros(0), np.zeros(0),
             np.zeros(0), None, False, self.config.version, release=self.plan.stage == 0,
             error={"code": code, "message": repr(exc)}).encode())])
+        self.held.discard(batch.batch_id)  # on the loop, after its release
 
     def compute(self, batch: Batch, config: ExitConfig, received: float,
                 rerun: SetAside | None = None) -> None:
@@ -520,6 +524,8 @@ class Worker:
                 direct=direct).encode()))
         if messages:
             self._publish_threadsafe(messages, flush=direct)
+        if release:
+            self._let_go(batch.batch_id)
 
     def _records_message(self, batch: Batch, ids: list[str], ages: list[float],
                          late: np.ndarray, labels: np.ndarray, exits: np.ndarray, early: bool,
@@ -541,6 +547,15 @@ class Worker:
         self._publish_threadsafe([(batch.router, Results(
             batch.batch_id, self.id, self.plan.stage, [], empty, empty.astype(np.float32), empty,
             None, False, config.version, release=True).encode())])
+        self._let_go(batch.batch_id)
+
+    def _let_go(self, batch_id: str) -> None:
+        """Heartbeats stop listing a released batch only once its release is on the bus
+        (loop callbacks run in order): a router never sees it unlisted and unreleased."""
+        if self.inline:
+            self.held.discard(batch_id)
+        else:
+            self.loop.call_soon_threadsafe(self.held.discard, batch_id)
 
     # ------------------------------------------------------------------ liveness
 
@@ -561,7 +576,8 @@ class Worker:
                 first_block=self.plan.first_block, last_block=self.plan.last_block, pid=pid,
                 host=host, busy=self.busy, queued=self.queue.qsize(), batches=self.batches,
                 set_aside=len(self.backlog), gave_way=self.backlog.cut, late=self.late_answers,
-                config_version=self.config.version, t=time.time()).encode())
+                config_version=self.config.version, t=time.time(),
+                held=tuple(self.held.copy())).encode())
             if self.store is not None and now - last_store > STORE_HEARTBEAT_S:
                 last_store = now
                 spawn(asyncio.to_thread(self._store_heartbeat, host, pid, "up"), self.tasks, self.log)

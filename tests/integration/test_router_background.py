@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -143,3 +144,38 @@ def test_a_batch_over_max_payload_is_halved_and_the_rest_requeued(monkeypatch):
     sent = [e for i in router.registry.workers["w"].inflight.values() for e in i.entries]
     assert 0 < len(sent) < 16 and len(sent) + len(state.queue) == 16
     assert all(e.attempts == 1 for e in sent)
+
+
+def test_a_batch_its_worker_never_got_is_taken_back():
+    """After a NATS restart a batch can vanish on its way (the server died with it, or the
+    worker had not subscribed again): a heartbeat sent well after the dispatch that does not
+    list it gives its credit back and re-queues its requests, instead of waiting forever."""
+    from schemas.heartbeat import Heartbeat
+    from services.router.workers import Inflight
+
+    async def run():
+        router = _router()
+        router.registry.heartbeat("w", "tiny", 0, 1, 2, time.monotonic())
+        w = router.registry.workers["w"]
+        entries = [Pending(id=f"r{i}", model="tiny", reply=f"_INBOX.client.{i}",
+                           inputs={"x": np.zeros(16, "<f4")}, arrival=0.0, deadline=1e12)
+                   for i in range(3)]
+        for e in entries:
+            router.pending[e.id] = e
+        old = time.monotonic() - 5.0
+        w.inflight["lost"] = Inflight("lost", "w", "tiny", entries[:2], old, 2)
+        w.inflight["held"] = Inflight("held", "w", "tiny", entries[2:], old, 1)
+        w.inflight["fresh"] = Inflight("fresh", "w", "tiny", [], time.monotonic(), 0)
+
+        def beat(held):
+            msg = SimpleNamespace(data=Heartbeat("w", "tiny", 0, 1, 2, held=held).encode())
+            return router.on_heartbeat(msg)
+
+        await beat(None)          # a worker that does not say what it holds: nothing moves
+        assert set(w.inflight) == {"lost", "held", "fresh"}
+        await beat(("held",))     # "fresh" was sent too recently to be judged
+        return router, w
+
+    router, w = asyncio.run(run())
+    assert set(w.inflight) == {"held", "fresh"} and w.credit == 0
+    assert [e.id for e in router.models["tiny"].queue.drain()] == ["r0", "r1"]

@@ -564,7 +564,7 @@ def assert_refused(decode: Any, msg: Any, *fragments: str) -> None:
 HEARTBEAT = Heartbeat(worker="tiny-s1-abcdef", model="tiny", stage=1, stages=2, capacity=2,
                       first_block=2, last_block=4, pid=4321, host="node-1", busy=True, queued=3,
                       batches=17, set_aside=1, gave_way=5, late=2, config_version=6,
-                      t=1700000000.25)
+                      t=1700000000.25, held=("b-1", "b-2"))
 
 
 def test_heartbeat_fields_round_trip_and_bytes() -> None:
@@ -572,7 +572,7 @@ def test_heartbeat_fields_round_trip_and_bytes() -> None:
     msg = client_decode(data)
     section = readme_section("Heartbeat")
     assert list(msg) == ["v", *table_order(section)]
-    types = {"worker": str, "model": str, "host": str, "busy": bool, "t": float}
+    types = {"worker": str, "model": str, "host": str, "busy": bool, "t": float, "held": list}
     for name, value in msg.items():
         assert type(value) is types.get(name, int), name
     assert data == documented_bytes(section, msg)
@@ -585,6 +585,7 @@ def test_heartbeat_needs_only_the_routing_fields() -> None:
          "pid": None, "unknown_field": 1})))
     assert hb == Heartbeat("w", "tiny", 0, 1, 2)
     assert (hb.pid, hb.host, hb.busy, hb.config_version, hb.t) == (0, "", False, 0, 0.0)
+    assert hb.held is None  # unknown: the router takes back nothing on its word
 
 
 @pytest.mark.parametrize("change, field", [
@@ -599,6 +600,8 @@ def test_heartbeat_needs_only_the_routing_fields() -> None:
     ({"capacity": 1.5}, "'capacity'"),
     ({"busy": 1}, "'busy'"),
     ({"t": "now"}, "'t'"),
+    ({"held": "b-1"}, "held"),
+    ({"held": [1, 2]}, "held"),
 ])
 def test_malformed_heartbeat_is_refused(change: dict, field: str) -> None:
     msg = client_decode(HEARTBEAT.encode())

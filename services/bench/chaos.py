@@ -125,7 +125,8 @@ async def run_scenarios(cfg: Config, keeper: Keeper, url: str, args: argparse.Na
     batch = sample_inputs(args.model, 64, seed=5)
     inputs = [{k: v[i] for k, v in batch.items()} for i in range(64)]
     c = Chaos(cfg, keeper, nc, url, inbox_prefix(login.user if login else "client"),
-              args.model, inputs, args.quick, args.resend_after, args.seed)
+              args.model, inputs, args.quick, args.resend_after, args.seed,
+              getattr(args, "burst", None))
     out: dict[str, dict] = {}
     ended: dict[str, tuple[Staged, float]] = {}
     store = Store(cfg.database_url)
@@ -238,7 +239,10 @@ def headline(name: str, r: dict) -> str:
         return (f"serving again {_s(f['recovery_s'])} after the kill "
                 f"(server back {_s(f['nats_back_s'])})")
     if name == "burst":
-        return f"{f['burst']} sent in {f['sent_in_s']:.2f} s"
+        hint = f.get("retry_hint")
+        return f"{f['burst']} sent in {f['sent_in_s']:.2f} s" + (
+            f"; retry hint / drain p50 {hint['ratio_p50']:.2f} (p5-p95 {hint['ratio_p5']:.2f}-"
+            f"{hint['ratio_p95']:.2f})" if hint else "")
     if name == "fuzz":
         up = f["followup"]
         return f"follow-up {up['ok']}/{up['requests']} ok, restarts {f['services_restarted'] or 0}"

@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from schemas import subjects
 from schemas.codec import pack
 from services.bench import bus_attacks
-from services.bench.chaos_tally import NO_RESPONDERS, OK, tally
+from services.bench.chaos_tally import NO_RESPONDERS, OK, retry_hint_accuracy, tally
 from services.bench.request_fuzz import mutated
 from services.bench.stack_keeper import Keeper
 from services.bench.tracked_load import TrackedLoad
@@ -54,6 +54,7 @@ class Chaos:
     quick: bool
     resend_after: float
     seed: int = 0
+    burst: int | None = None      # requests of the burst scenario (default by --quick)
     slo_ms: float = SLO_MS
     silent_after_s: float = SILENT_AFTER_S
 
@@ -210,12 +211,13 @@ async def router_kill(c: Chaos) -> Staged:
 
 async def burst(c: Chaos) -> Staged:
     tag = c.tag()
-    n = 5000 if c.quick else 20000
+    n = c.burst or (5000 if c.quick else 20000)
     load = await c.load(tag)
     sent_s = await load.send_many(c.valid(tag), n)
     await load.wait(c.silent_after_s, c.say)
     await load.stop()
-    return Staged(load, tag, {"burst": n, "sent_in_s": sent_s})
+    return Staged(load, tag, {"burst": n, "sent_in_s": sent_s,
+                              "retry_hint": retry_hint_accuracy(load.requests)})
 
 
 async def fuzz(c: Chaos) -> Staged:

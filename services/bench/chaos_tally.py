@@ -22,6 +22,7 @@ class Reply:
     code: str                   # "ok" or the error code
     rid: str | None             # the id the reply carries
     config_version: int | None  # exit config of a success reply
+    retry_after_ms: float | None = None  # the hint of an overloaded reply
 
 
 @dataclass(slots=True)
@@ -114,3 +115,34 @@ def sample(ids, n: int = 5, width: int = 80) -> list[str]:
     """The first ``n`` ids in sorted order, each cut to ``width`` characters (a fuzzed id
     may be 256 KB)."""
     return [k[:width] for k in sorted(ids)[:n]]
+
+
+OVERLOADED = "overloaded"
+
+
+def retry_hint_accuracy(requests: list[Tracked]) -> dict | None:
+    """How the ``retry_after_ms`` of each refusal compares with the time the queue it met
+    actually took to drain: until the answer to the last request admitted before it (sent
+    earlier and not refused; routers queue in arrival order). ``ratio`` = hint / actual;
+    None when nothing was refused after something was admitted."""
+    ratios: list[float] = []
+    last_admitted: float | None = None
+    for q in requests:
+        first = q.first
+        refused = first is not None and first.code == OVERLOADED
+        if refused and first.retry_after_ms is not None and last_admitted is not None:
+            actual_s = last_admitted - first.t
+            if actual_s > 0:
+                ratios.append(first.retry_after_ms / 1e3 / actual_s)
+        if first is not None and not refused:
+            last_admitted = first.t if last_admitted is None else max(last_admitted, first.t)
+    if not ratios:
+        return None
+    ratios.sort()
+
+    def pct(p: float) -> float:
+        return round(ratios[min(len(ratios) - 1, int(p * len(ratios)))], 2)
+
+    return {"refusals": len(ratios), "ratio_p5": pct(0.05), "ratio_p50": pct(0.5),
+            "ratio_p95": pct(0.95),
+            "within_2x": round(sum(0.5 <= r <= 2 for r in ratios) / len(ratios), 3)}

@@ -23,23 +23,27 @@ NO_RESPONDERS_STATUS = "503"  # the server's answer to a request nobody subscrib
 YIELD_EVERY = 256  # unthrottled sending still lets replies in between
 
 
-def reply_of(msg: Msg) -> tuple[str, str | None, int | None]:
-    """(code, id, config_version) of one reply; a reply that does not decode is a finding
-    too, so it gets a code of its own rather than an exception."""
+def reply_of(msg: Msg, t: float) -> Reply:
+    """One reply as the tally reads it; a reply that does not decode is a finding too, so
+    it gets a code of its own rather than an exception."""
     if not msg.data and msg.headers and msg.headers.get(STATUS_HEADER) == NO_RESPONDERS_STATUS:
-        return NO_RESPONDERS, None, None
+        return Reply(t, msg.subject, NO_RESPONDERS, None, None)
     try:
         body = unpack(msg.data)
     except Exception:  # noqa: BLE001 - any undecodable reply is counted, not raised
-        return "undecodable_reply", None, None
+        return Reply(t, msg.subject, "undecodable_reply", None, None)
     if not isinstance(body, dict):
-        return "undecodable_reply", None, None
+        return Reply(t, msg.subject, "undecodable_reply", None, None)
     rid = body.get("id") if isinstance(body.get("id"), str) else None
     if "error" in body:
         err = body["error"]
-        return (str(err.get("code")) if isinstance(err, dict) else "malformed_error"), rid, None
+        if not isinstance(err, dict):
+            return Reply(t, msg.subject, "malformed_error", rid, None)
+        hint = err.get("retry_after_ms")
+        return Reply(t, msg.subject, str(err.get("code")), rid, None,
+                     float(hint) if isinstance(hint, int | float) else None)
     version = body.get("config_version")
-    return OK, rid, version if isinstance(version, int) else None
+    return Reply(t, msg.subject, OK, rid, version if isinstance(version, int) else None)
 
 
 class TrackedLoad:
@@ -69,8 +73,7 @@ class TrackedLoad:
         if tracked is None:
             self.strays += 1
             return
-        code, rid, version = reply_of(msg)
-        tracked.replies.append(Reply(t, msg.subject, code, rid, version))
+        tracked.replies.append(reply_of(msg, t))
 
     async def _publish(self, tracked: Tracked, index: int, body: bytes) -> None:
         attempt = len(tracked.subjects)

@@ -56,6 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--resend-after", type=float, default=2.0, metavar="S",
                        help="chaos, router-kill: the client resends a request with no reply "
                        "after S seconds, once, same id, new reply subject")
+    bench.add_argument("--burst", type=int, metavar="N",
+                       help="chaos: requests of the burst scenario (default 20000, --quick 5000)")
     bench.add_argument("--keep-state", action="store_true",
                        help="chaos: keep the private stack's state folder (logs, store)")
     bench.set_defaults(fn=run)

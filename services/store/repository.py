@@ -13,7 +13,7 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, Self, TypeVar
 
-from sqlalchemy import Table, case, delete, func, insert, or_, select, update
+from sqlalchemy import Table, case, delete, func, insert, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
@@ -240,10 +240,15 @@ class Store:
         return self._ingest(ExitProfile.__table__, [profile_row(r) for r in rows], ingest_key)
 
     def add_requests(self, rows: list[dict[str, Any]], ingest_key: str | None = None) -> int:
-        """Insert request history in one transaction; returns rows inserted (0 on a redelivery)."""
-        return self._ingest(Request.__table__, [request_row(r) for r in rows], ingest_key)
+        """Insert request history in one transaction; returns rows inserted (0 on a redelivery).
+        A request already stored keeps its row: a resend (same id) served twice, e.g. after
+        a slow first answer, adds nothing, so each request has one row, its first answer's."""
+        once = self._insert(Request.__table__).on_conflict_do_nothing(
+            index_elements=["model", "request_id"], index_where=text("request_id <> ''"))
+        return self._ingest(Request.__table__, [request_row(r) for r in rows], ingest_key, once)
 
-    def _ingest(self, table: Table, rows: list[dict[str, Any]], ingest_key: str | None) -> int:
+    def _ingest(self, table: Table, rows: list[dict[str, Any]], ingest_key: str | None,
+                statement: Any = None) -> int:
         if ingest_key is None and not rows:
             return 0
         # Keys are per table: one telemetry batch may feed requests and profiles alike.
@@ -253,7 +258,7 @@ class Store:
                 if key is not None:
                     conn.execute(insert(IngestedBatch).values(key=key, at=utcnow()))
                 if rows:
-                    conn.execute(insert(table), rows)
+                    conn.execute(insert(table) if statement is None else statement, rows)
         except IntegrityError:
             if key is not None and self._ingested(key):
                 return 0  # redelivered batch: the first delivery's rows are already in

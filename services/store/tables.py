@@ -24,6 +24,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -123,7 +124,12 @@ class ExitProfile(Base):
 
 class Request(Base):
     __tablename__ = "requests"
-    __table_args__ = (Index(None, "model", "received_at"),)
+    __table_args__ = (
+        Index(None, "model", "received_at"),
+        # one row per request (ids without one are ""): see migration 0005
+        Index("uq_requests_model_request_id", "model", "request_id", unique=True,
+              sqlite_where=text("request_id <> ''"), postgresql_where=text("request_id <> ''")),
+    )
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     request_id: Mapped[str] = mapped_column(String(64))
     model: Mapped[str] = mapped_column(Name)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from services.store import migrate
 from services.store.db import make_engine
@@ -44,7 +44,7 @@ def test_upgrade_creates_tables_and_indexes(url: str) -> None:
     assert migrate.current(url) is None
     migrate.upgrade(url)
     assert _tables(url) == TABLES
-    assert migrate.current(url) == migrate.head() == "0004_config_heads"
+    assert migrate.current(url) == migrate.head() == "0005_request_ids_unique"
     engine = make_engine(url)
     try:
         insp = inspect(engine)
@@ -99,5 +99,25 @@ def test_sqlite_connection_settings(tmp_path: Path) -> None:
             assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
             assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() >= 1000
+    finally:
+        engine.dispose()
+
+
+def test_request_ids_become_unique_keeping_the_first_row(url: str) -> None:
+    migrate.upgrade(url, "0004_config_heads")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            for rid, status in [("a", "ok"), ("a", "deadline_exceeded"), ("", "bad_request"),
+                                ("", "bad_request"), ("b", "ok")]:
+                conn.execute(text("INSERT INTO requests (request_id, model, received_at, status) "
+                                  "VALUES (:r, 'm', '2030-01-01 00:00:00', :s)"),
+                             {"r": rid, "s": status})
+        migrate.upgrade(url)
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                "SELECT request_id, status FROM requests ORDER BY id").fetchall()
+        assert [tuple(r) for r in rows] == [("a", "ok"), ("", "bad_request"),
+                                            ("", "bad_request"), ("b", "ok")]
     finally:
         engine.dispose()

@@ -292,7 +292,8 @@ def test_ingest_key_dedup(store: Store) -> None:
     rows = _requests(now, 5)
     assert store.add_requests(rows, ingest_key="w1:7") == 6
     assert store.add_requests(rows, ingest_key="w1:7") == 0  # redelivered
-    assert store.add_requests(rows[:2], ingest_key="w1:8") == 2
+    fresh = [{**r, "request_id": f"{r['request_id']}-b"} for r in rows[:2]]
+    assert store.add_requests(fresh, ingest_key="w1:8") == 2
     assert store.request_stats("m", now - timedelta(hours=1))["count"] == 8
     # Keys are per table: the same batch may also carry exit profiles.
     assert store.add_exit_profiles(_profiles(now), ingest_key="w1:7") == 4
@@ -301,6 +302,7 @@ def test_ingest_key_dedup(store: Store) -> None:
     assert store.add_requests([], ingest_key="empty") == 0 and store.add_requests([]) == 0
     assert store.prune_ingested(utcnow() + timedelta(seconds=1)) == 4
     assert store.add_requests(rows[:1], ingest_key="w1:8") == 1  # forgotten after pruning
+    assert store.request_stats("m", now - timedelta(hours=1))["count"] == 8  # one row per id
 
 
 def test_workers_upsert(store: Store) -> None:
@@ -331,7 +333,7 @@ def test_workers_upsert(store: Store) -> None:
 def test_request_statuses_by_prefix_and_ids(store: Store) -> None:
     now = utcnow()
     rows = [{"request_id": rid, "model": m, "received_at": now, "status": status}
-            for rid, m, status in [("ca-1", "m", "ok"), ("ca-1", "m", "bad_request"),
+            for rid, m, status in [("ca-1", "m", "ok"), ("ca-1", "n", "bad_request"),
                                    ("ca-2", "n", "overloaded"), ("c%-3", "m", "ok"),
                                    ("cb-1", "m", "ok"), ("x", "m", "ok")]]
     store.add_requests(rows)
@@ -342,3 +344,19 @@ def test_request_statuses_by_prefix_and_ids(store: Store) -> None:
         ("c%-3", "ok"), ("ca-2", "overloaded"), ("x", "ok")]
     assert store.request_statuses("", ["cb-1"]) == [("cb-1", "ok")]
     assert store.request_statuses("zz") == []
+
+
+def test_a_request_keeps_one_row_its_first(store: Store) -> None:
+    """A resend served twice (same id) or its records stored again add no second row;
+    requests too malformed to carry an id ("") are all kept."""
+    now = utcnow()
+    first = {"request_id": "dup", "model": "m", "received_at": now, "latency_ms": 1.0,
+             "status": "deadline_exceeded"}
+    assert store.add_requests([first], "a:1") == 1
+    store.add_requests([{**first, "status": "ok", "latency_ms": 9.0}], "b:1")
+    store.add_requests([{**first, "model": "other"}], "c:1")  # ids are per model
+    for key in ("d:1", "d:2"):
+        store.add_requests([{**first, "request_id": "", "status": "bad_request"}], key)
+    stats = store.request_stats("m", now - timedelta(hours=1))
+    assert stats["count"] == 3 and stats["errors"] == 3  # dup once (its first), "" twice
+    assert store.request_stats("other", now - timedelta(hours=1))["count"] == 1

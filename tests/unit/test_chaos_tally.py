@@ -69,3 +69,19 @@ def test_fuzz_is_deterministic_and_covers_every_mutation():
     assert [rid for _, rid, _ in a[:3]] == ["t-0", "t-1", "t-2"]
     assert all(isinstance(body, bytes) for _, _, body in a)
     assert len({body for _, _, body in a}) > 1600  # mutations, not copies (non-maps repeat)
+
+
+def test_retry_hint_accuracy_sets_each_hint_against_the_drain_it_met():
+    from services.bench.chaos_tally import Reply, Tracked, retry_hint_accuracy
+
+    def req(code, answered, hint=None):
+        return Tracked("r", ["s"], [0.0], [Reply(answered, "s", code, "r", None, hint)])
+
+    # two admitted (answered at 3 s and 5 s), then refusals at 1 s hinting 2 s and 8 s:
+    # the queue they met drained at 5 s, 4 s later
+    requests = [req("ok", 3.0), req("ok", 5.0), req("overloaded", 1.0, 2000.0),
+                req("overloaded", 1.0, 8000.0)]
+    got = retry_hint_accuracy(requests)
+    assert got["refusals"] == 2 and got["ratio_p5"] == 0.5 and got["ratio_p95"] == 2.0
+    assert got["within_2x"] == 1.0
+    assert retry_hint_accuracy([req("overloaded", 1.0, 5.0)]) is None  # nothing admitted

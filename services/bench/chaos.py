@@ -29,8 +29,8 @@ import uvloop
 from schemas.roles import inbox_prefix
 from services.bench.chaos_scenarios import (
     CALM_SLO_MS,
+    GRACE_S,
     SCENARIOS,
-    SILENT_AFTER_S,
     SLO_MS,
     Chaos,
     Staged,
@@ -73,6 +73,9 @@ def scenario_names(spec: str | None) -> list[str]:
 
 def run_chaos(args: argparse.Namespace) -> int:
     names = scenario_names(args.scenarios)
+    args.slo_ms = getattr(args, "slo_ms", None) or SLO_MS
+    if getattr(args, "resend_after", None) is None:  # the contract's rule: SLO plus a margin
+        args.resend_after = args.slo_ms / 1e3 + 1.0
     # children inherit the environment: a user's credentials file would override the logins
     # the private server was given
     os.environ.pop("OFFRAMP_NATS_CREDENTIALS", None)
@@ -111,10 +114,10 @@ def run_on_private_stack(args: argparse.Namespace, names: list[str], home: Path)
         sup.stop()
     return {"bench": "chaos", "mode": "live", "model": args.model, "quick": args.quick,
             "date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(),
-            "deployment": {"routers": ROUTERS, "workers": REPLICAS, "slo_ms": SLO_MS,
+            "deployment": {"routers": ROUTERS, "workers": REPLICAS, "slo_ms": args.slo_ms,
                            "attacks_and_fuzz_followup_slo_ms": CALM_SLO_MS,
                            "resend_after_s": args.resend_after,
-                           "silent_after_s": SILENT_AFTER_S},
+                           "silent_after_s": args.slo_ms / 1e3 + GRACE_S},
             "scenarios": scenarios}
 
 
@@ -126,7 +129,7 @@ async def run_scenarios(cfg: Config, keeper: Keeper, url: str, args: argparse.Na
     inputs = [{k: v[i] for k, v in batch.items()} for i in range(64)]
     c = Chaos(cfg, keeper, nc, url, inbox_prefix(login.user if login else "client"),
               args.model, inputs, args.quick, args.resend_after, args.seed,
-              getattr(args, "burst", None))
+              getattr(args, "burst", None), args.slo_ms, args.slo_ms / 1e3 + GRACE_S)
     out: dict[str, dict] = {}
     ended: dict[str, tuple[Staged, float]] = {}
     store = Store(cfg.database_url)

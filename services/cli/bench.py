@@ -53,9 +53,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "monitor-kill, nats-restart, burst, fuzz, attacks (default: all)")
     bench.add_argument("--quick", action="store_true",
                        help="chaos: shorter loads and a 5,000-request burst instead of 20,000")
-    bench.add_argument("--resend-after", type=float, default=2.0, metavar="S",
-                       help="chaos, router-kill: the client resends a request with no reply "
-                       "after S seconds, once, same id, new reply subject")
+    bench.add_argument("--resend-after", type=float, metavar="S",
+                       help="chaos: the client resends a request with no reply after S "
+                       "seconds, once, same id, new reply subject (default: SLO + 1 s)")
+    bench.add_argument("--slo-ms", type=float, metavar="MS",
+                       help="chaos: every request's SLO (default 1000)")
     bench.add_argument("--burst", type=int, metavar="N",
                        help="chaos: requests of the burst scenario (default 20000, --quick 5000)")
     bench.add_argument("--keep-state", action="store_true",

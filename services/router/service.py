@@ -45,7 +45,7 @@ from services.router.policy import Policy, make_policy
 from services.router.workers import Inflight, WorkerRegistry
 
 SWEEP_S = 0.05
-RECORD_FLUSH_S = 0.25
+METER_S = 0.25               # how often the answers seen are counted in the metrics
 DISPATCH_RETRY_S = 0.05      # after a dispatch pass failed unexpectedly
 
 
@@ -407,14 +407,14 @@ class Router:
 
     # ------------------------------------------------------------------ telemetry + status
 
-    async def record_loop(self, stop: asyncio.Event) -> None:
+    async def meter_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await asyncio.sleep(RECORD_FLUSH_S)
-            await self.flush_records()
+            await asyncio.sleep(METER_S)
+            self.meter()
 
-    async def flush_records(self) -> None:
-        """Count the answers since the last flush in the metrics (their rows left with
-        them, through the outbox)."""
+    def meter(self) -> None:
+        """Count the answers seen since the last call in the metrics (their rows left with
+        them: through the outbox, or from the worker that answered)."""
         for name, state in self.models.items():
             records, state.records = state.records, []
             waits, state.waits_ms = state.waits_ms, []
@@ -455,7 +455,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     await nc.subscribe(subjects.HEARTBEAT, cb=router.on_heartbeat)
     await subscribe_direct(nc, subjects.results(router.id), router.on_results)
     supervise("sweep", lambda: router.sweep_loop(stop), router.tasks, log)
-    supervise("records", lambda: router.record_loop(stop), router.tasks, log)
+    supervise("metrics", lambda: router.meter_loop(stop), router.tasks, log)
     for name in router.models:
         supervise(f"dispatch-{name}", lambda name=name: router.dispatch_loop(name, stop),
                   router.tasks, log)
@@ -465,7 +465,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     for entry in list(router.pending.values()):
         router.reply_error(entry, errors.NO_WORKERS, "router shutting down")
     router.outbox.flush()
-    await router.flush_records()
+    router.meter()
     for t in list(router.tasks):
         t.cancel()
     await bus.close(nc)

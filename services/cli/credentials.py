@@ -19,6 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "connects with, or write the authorization block a nats-server needs "
                         "to enforce every role's permissions.")
     cr.add_argument("role", nargs="?", choices=sorted(ROLES), help="the role whose URL to print")
+    cr.add_argument("--name", metavar="APP",
+                    help="client only: a login of its own for application APP (created if "
+                    "missing; a running `offramp up` takes it at once), so no other "
+                    "application can read its replies")
     cr.add_argument("--url", help="server to name in the URL (default: OFFRAMP_NATS_URL, else "
                     "the server `offramp up` started)")
     cr.add_argument("--server-config", metavar="FILE",
@@ -35,8 +39,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.role:
         print("error: name a role or give --server-config", file=sys.stderr)
         return 2
+    if args.name and args.role != "client":
+        print("error: --name is for client logins", file=sys.stderr)
+        return 2
     try:
-        login = login_for(cfg, args.role)
+        login = app_login(cfg, args.name) if args.name else login_for(cfg, args.role)
     except CredentialsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -46,6 +53,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(with_login(args.url or nats_url(cfg), login))
     return 0
+
+
+def app_login(cfg: config_mod.Config, name: str):
+    from services.launcher.nats_auth import ensure_app_login
+
+    return ensure_app_login(cfg.nats_credentials or home_file(cfg.home), name)
 
 
 def write_server_config(cfg: config_mod.Config, out: Path) -> int:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from pathlib import Path
 
@@ -55,9 +56,28 @@ def user_entry(login: Login, perms: Permissions) -> dict:
     return entry
 
 
+APP_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def ensure_app_login(path: Path, name: str) -> Login:
+    """A client login of its own for application ``name`` (user ``client-<name>``, stored
+    under ``client:<name>``): the client role's permissions, and an inbox no other
+    application can read."""
+    if not APP_NAME.fullmatch(name):
+        raise CredentialsError(f"application name {name!r}: use 1-64 letters, digits, - or _")
+    logins = ensure_logins(path)
+    key = f"client:{name}"
+    if key not in logins:
+        logins[key] = Login(f"client-{name}", secrets.token_urlsafe(24))
+        write(path, logins)
+    return logins[key]
+
+
 def authorization_block(logins: dict[str, Login]) -> str:
-    """The server config's ``authorization`` block: one user per role, no anonymous access
+    """The server config's ``authorization`` block: one user per role and per named
+    application (``client:<name>``, the client role's permissions), no anonymous access
     (nats-server refuses a connection without a listed user once users are configured)."""
-    users = [user_entry(logins[role], perms) for role, perms in ROLES.items() if role in logins]
+    users = [user_entry(login, ROLES[key.partition(":")[0]])
+             for key, login in sorted(logins.items()) if key.partition(":")[0] in ROLES]
     # nats-server's config format reads JSON values; the password hashes need its quoting.
     return "authorization " + json.dumps({"users": users}, indent=1) + "\n"

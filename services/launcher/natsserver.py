@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -66,7 +67,7 @@ class EmbeddedNats:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 10.0) -> str:
+    def _write_config(self) -> Path:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         conf = self.data_dir / "nats-server.conf"
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may hold hashes
@@ -76,6 +77,18 @@ class EmbeddedNats:
                     f"max_payload: {MAX_PAYLOAD}\n"
                     f"jetstream {{ store_dir: \"{self.data_dir / 'jetstream'}\" }}\n"
                     + (self.authorization or ""))
+        return conf
+
+    def reload(self, authorization: str) -> None:
+        """New users and permissions, taken by the running server (SIGHUP: nats-server
+        reloads its config) without dropping any connection."""
+        self.authorization = authorization
+        self._write_config()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGHUP)
+
+    def start(self, timeout: float = 10.0) -> str:
+        conf = self._write_config()
         log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen([str(server_binary()), "-c", str(conf)], stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True,

@@ -115,12 +115,14 @@ class Supervisor:
         self.log_dir = log_dir
         self.nats: EmbeddedNats | None = None
         self.nats_restarts = 0
+        self.logins_mtime = 0  # of the credentials file the embedded server was given
         self.children: list[Child] = []
         self.url = cfg.nats_url
 
     def start(self) -> str:
         if self.url is None:
             logins = ensure_logins(home_file(self.cfg.home))
+            self.logins_mtime = home_file(self.cfg.home).stat().st_mtime_ns
             self.nats = EmbeddedNats(self.cfg.home / "nats", procs=self.cfg.nats_procs,
                                      authorization=authorization_block(logins))
             self.url = self.nats.start()
@@ -192,6 +194,7 @@ class Supervisor:
         """Restart the embedded NATS server and children that died (children with backoff).
         Call periodically."""
         self._keep_nats()
+        self._follow_logins()
         now = time.monotonic()
         for child in self.children:
             if child.proc is not None and child.proc.poll() is not None:
@@ -208,6 +211,17 @@ class Supervisor:
                 self._spawn(child)
                 log.warning("service %s restarted (restart #%d, pid %s)", child.name,
                             child.restarts, child.proc.pid)
+
+    def _follow_logins(self) -> None:
+        """A login added while ``up`` runs (``offramp credentials client --name APP``) is
+        given to the embedded server at once, by a config reload."""
+        path = home_file(self.cfg.home)
+        if self.nats is None or not path.exists() or \
+                path.stat().st_mtime_ns == self.logins_mtime:
+            return
+        self.logins_mtime = path.stat().st_mtime_ns
+        self.nats.reload(authorization_block(ensure_logins(path)))
+        log.info("embedded nats-server reloaded its logins from %s", path)
 
     def _keep_nats(self) -> None:
         """An embedded server that died comes back at once on the same port and store

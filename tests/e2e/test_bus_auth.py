@@ -85,3 +85,37 @@ def _stream_messages(stack) -> int:
             await nc.close()
 
     return asyncio.run(check())
+
+
+def test_an_application_login_added_while_up_runs_serves_and_reads_only_its_inbox(stack):
+    out = stack.cli("credentials", "client", "--name", "shop")
+    assert out.returncode == 0, out.stderr
+    url = out.stdout.strip()
+    assert url.startswith("nats://client-shop:")
+
+    async def run():
+        for _ in range(50):  # `up` reloads the server's logins within its 0.2 s poll
+            try:
+                nc = await bus.connect(url, "e2e-app", connect_timeout=2)
+                break
+            except bus.AuthorizationError:
+                await asyncio.sleep(0.1)
+        errors: list[str] = []
+
+        async def refused(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        async def ignore(msg) -> None:
+            pass
+
+        nc._error_cb = refused
+        outcomes = await drive(nc, MODEL, _inputs(20, 2), concurrency=4, slo_ms=5000)
+        await nc.subscribe("_INBOX.client.>", cb=ignore)  # another application's replies
+        await nc.flush()
+        await asyncio.sleep(0.3)
+        await nc.close()
+        return outcomes, errors
+
+    outcomes, errors = asyncio.run(run())
+    assert [o.code for o in outcomes] == ["ok"] * 20
+    assert any('subscription to "_inbox.client.>"' in e.lower() for e in errors), errors

@@ -153,3 +153,18 @@ def test_the_contract_tables_every_role_as_enforced():
             pub += " (and replies to requests it receives)"
         sub = ", ".join(f"`{x}`" for x in (*perms.subscribe, f"{inbox_prefix(role)}.>"))
         assert f"| `{role}` | {pub} | {sub} |" in text, role
+
+
+def test_an_application_gets_a_client_login_and_an_inbox_of_its_own(tmp_path):
+    from services.launcher.nats_auth import ensure_app_login
+
+    path = tmp_path / "c.json"
+    app = ensure_app_login(path, "shop-1")
+    assert app.user == "client-shop-1" and ensure_app_login(path, "shop-1") == app  # kept
+    users = {u["user"]: u for u in json.loads(
+        authorization_block(read(path)).split(" ", 1)[1])["users"]}
+    mine = users["client-shop-1"]["permissions"]
+    assert mine["publish"] == users["client"]["permissions"]["publish"]
+    assert mine["subscribe"]["allow"] == ["_INBOX.client-shop-1.>"]  # not _INBOX.client.>
+    with pytest.raises(CredentialsError, match="application name"):
+        ensure_app_login(path, "a.b")  # a subject token: no dots or wildcards

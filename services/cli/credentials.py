@@ -8,9 +8,15 @@ import sys
 from pathlib import Path
 
 from schemas.roles import ROLES
-from services.cli.options import nats_url
 from services.common import config as config_mod
-from services.common.credentials import CredentialsError, home_file, login_for, with_login
+from services.common.credentials import (
+    CredentialsError,
+    credentials_file,
+    home_file,
+    login_for,
+    server_url,
+    with_login,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,20 +57,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: no credentials at {home_file(cfg.home)}: `offramp up` creates them, "
               f"`offramp credentials --server-config FILE` too", file=sys.stderr)
         return 1
-    print(with_login(args.url or nats_url(cfg), login))
+    print(with_login(args.url or server_url(cfg), login))
     return 0
 
 
 def app_login(cfg: config_mod.Config, name: str):
     from services.launcher.nats_auth import ensure_app_login
 
-    return ensure_app_login(cfg.nats_credentials or home_file(cfg.home), name)
+    return ensure_app_login(credentials_file(cfg), name)
 
 
 def write_server_config(cfg: config_mod.Config, out: Path) -> int:
     from services.launcher.nats_auth import authorization_block, ensure_logins
 
-    path = cfg.nats_credentials or home_file(cfg.home)
+    path = credentials_file(cfg)
     logins = ensure_logins(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(authorization_block(logins))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from services.cli.options import nats_url
 from services.common import config as config_mod
+from services.common.credentials import server_url
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,5 +26,5 @@ def run(args: argparse.Namespace) -> int:
     from services.launcher.exit_config import set_exit_config
 
     cfg = config_mod.load()
-    return set_exit_config(cfg, nats_url(cfg), args.model, args.threshold, args.set,
+    return set_exit_config(cfg, server_url(cfg), args.model, args.threshold, args.set,
                            args.active, args.reason, args.head)

@@ -1,11 +1,10 @@
-"""What several subcommands share: the configuration with ``--models`` applied, and the NATS URL."""
+"""What several subcommands share: the configuration with ``--models`` applied."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from services.common import config as config_mod
-from services.common.credentials import server_url
 
 
 def config_with_models(models: str | None) -> config_mod.Config:
@@ -15,7 +14,3 @@ def config_with_models(models: str | None) -> config_mod.Config:
         cfg = replace(cfg, models=tuple(m.strip() for m in models.split(",") if m.strip()))
     return cfg
 
-
-def nats_url(cfg: config_mod.Config) -> str:
-    """The NATS server a client command talks to (``credentials.server_url``)."""
-    return server_url(cfg)

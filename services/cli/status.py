@@ -9,12 +9,11 @@ from typing import Any
 
 from schemas import subjects
 from schemas.codec import unpack
-from services.cli.options import nats_url
 from services.common import bus
 from services.common import config as config_mod
 from services.common.client import InferError, request_raw
 from services.common.config import Config
-from services.common.credentials import login_for
+from services.common.credentials import login_for, server_url
 from services.launcher import metrics_ports
 
 
@@ -98,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_mod.load()
-    status = asyncio.run(collect(cfg, nats_url(cfg)))
+    status = asyncio.run(collect(cfg, server_url(cfg)))
     if (ports := metrics_ports.read(cfg.home)) is not None:  # a live `offramp up` here
         status["metrics"] = ports
     print(json.dumps(status, indent=2, default=str) if args.json else render(status))

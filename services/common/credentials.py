@@ -33,6 +33,12 @@ def home_file(home: Path) -> Path:
     return home / "nats" / "credentials.json"
 
 
+def credentials_file(cfg: Config) -> Path:
+    """The credentials this configuration uses: ``OFFRAMP_NATS_CREDENTIALS``, else the file
+    in ``OFFRAMP_HOME``."""
+    return cfg.nats_credentials or home_file(cfg.home)
+
+
 DEFAULT_URL = "nats://127.0.0.1:4222"
 
 

@@ -55,6 +55,21 @@ def publish_many(nc: Client, messages: list[tuple[str, bytes] | tuple[str, bytes
                    for part in _frame(nc, m[0], m[1], msg_id=m[2] if len(m) > 2 else None)])
 
 
+def publish_all(nc: Client, messages: list[tuple[str, bytes] | tuple[str, bytes, str]],
+                log) -> None:
+    """``publish_many``; when that write fails (e.g. one message over max_payload, or a
+    closed connection), each message on its own, so the rest still go and each one that
+    cannot is logged."""
+    try:
+        publish_many(nc, messages)
+    except Exception:  # noqa: BLE001 - send the rest, say which
+        for m in messages:
+            try:
+                publish_many(nc, [m])
+            except Exception as exc:  # noqa: BLE001
+                log.error("publish failed subject=%s bytes=%d error=%r", m[0], len(m[1]), exc)
+
+
 # Payloads from this size on are written as their own buffer (writev) instead of being
 # copied into one frame: nats-py's ``pub_cmd`` copies a payload twice (header + payload,
 # then + CRLF), which is 0.6 MB twice per image request per hop.

@@ -22,7 +22,7 @@ from services.common.client import models as list_models
 from services.common.config import Config
 from services.common.credentials import (
     CredentialsError,
-    home_file,
+    credentials_file,
     login_for,
     server_url_file,
     with_login,
@@ -121,8 +121,9 @@ class Supervisor:
 
     def start(self) -> str:
         if self.url is None:
-            logins = ensure_logins(home_file(self.cfg.home))
-            self.logins_mtime = home_file(self.cfg.home).stat().st_mtime_ns
+            # the file the children read their logins from (credentials.login_for)
+            logins = ensure_logins(credentials_file(self.cfg))
+            self.logins_mtime = credentials_file(self.cfg).stat().st_mtime_ns
             self.nats = EmbeddedNats(self.cfg.home / "nats", procs=self.cfg.nats_procs,
                                      authorization=authorization_block(logins))
             self.url = self.nats.start()
@@ -215,7 +216,7 @@ class Supervisor:
     def _follow_logins(self) -> None:
         """A login added while ``up`` runs (``offramp credentials client --name APP``) is
         given to the embedded server at once, by a config reload."""
-        path = home_file(self.cfg.home)
+        path = credentials_file(self.cfg)
         if self.nats is None or not path.exists() or \
                 path.stat().st_mtime_ns == self.logins_mtime:
             return

@@ -16,7 +16,7 @@ from nats.aio.client import Client
 from schemas import subjects
 from schemas.telemetry import RequestRecord, RequestTelemetry
 from services.common import logs
-from services.common.hotpath import publish_many
+from services.common.hotpath import publish_all
 from services.common.payload_chunks import payload_chunks
 
 
@@ -65,13 +65,5 @@ class Outbox:
                                logs.kv(model=model, dropped=dropped))
         messages += self.replies
         self.records, self.replies = {}, []
-        if not messages:
-            return
-        try:
-            publish_many(self.nc, messages)
-        except Exception:  # noqa: BLE001 - e.g. a closed connection: send what can go
-            for m in messages:
-                try:
-                    publish_many(self.nc, [m])
-                except Exception as exc:  # noqa: BLE001
-                    self.log.error("not sent subject=%s error=%r", m[0], exc)
+        if messages:
+            publish_all(self.nc, messages, self.log)

@@ -169,15 +169,17 @@ class Router:
             if reply:
                 self.outbox.reply(reply, data)
             return
-        self._answer_error(model, reply, data, rid, time.time(), start, exc.code)
+        record = self._count_error(model, rid, time.time(), start, exc.code)
+        self.outbox.answer(model, record, reply, data)
 
-    def _answer_error(self, model: str, reply: str | None, data: bytes, rid: str | None,
-                      received_wall: float, start: float, code: str) -> None:
+    def _count_error(self, model: str, rid: str | None, received_wall: float, start: float,
+                     code: str) -> RequestRecord:
+        """An error answer in the status counts and the metrics; its record, to store."""
         state = self.models[model]
         state.failed += 1
         record = RequestRecord(rid, received_wall, (time.monotonic() - start) * 1e3, code)
         state.records.append(record)
-        self.outbox.answer(model, record, reply, data)
+        return record
 
     # ------------------------------------------------------------------ replies
 
@@ -189,15 +191,11 @@ class Router:
             return
         entry.replied = True
         self.pending.pop(entry.id, None)
-        if send:
-            self._answer_error(entry.model, entry.reply, encode_error(
-                entry.id, code, message, **extra), entry.id, entry.received_wall,
-                entry.arrival, code)
-        else:  # the worker answered and recorded it: only counted here (metrics, status)
-            state = self.models[entry.model]
-            state.failed += 1
-            state.records.append(RequestRecord(entry.id, entry.received_wall,
-                                               (time.monotonic() - entry.arrival) * 1e3, code))
+        record = self._count_error(entry.model, entry.id, entry.received_wall, entry.arrival,
+                                   code)
+        if send:  # else the worker answered and stored it: only counted here
+            self.outbox.answer(entry.model, record, entry.reply,
+                               encode_error(entry.id, code, message, **extra))
 
     def on_results(self, msg: Msg) -> None:
         try:
@@ -231,17 +229,17 @@ class Router:
                 record = RequestRecord(rid, entry.received_wall, latency, OK, exit_, res.early,
                                        label, res.config_version)
                 state.records.append(record)
-                if res.direct and entry.sent_reply != entry.reply:
-                    # resent while its worker held it: the worker answered the abandoned
-                    # attempt (and stored the row); the newest attempt gets the same answer
-                    self.outbox.reply(entry.reply, encode_reply(
-                        rid, entry.model, {} if res.logits is None else {"logits": res.logits[i]},
-                        label, score, exit_, res.early, latency, res.config_version))
-                elif not res.direct:  # else the worker has answered and recorded it itself
-                    outputs = {} if res.logits is None else {"logits": res.logits[i]}
-                    self.outbox.answer(entry.model, record, entry.reply, encode_reply(
-                        rid, entry.model, outputs, label, score, exit_, res.early, latency,
-                        res.config_version))
+                resent = res.direct and entry.sent_reply != entry.reply
+                if res.direct and not resent:
+                    continue  # the worker has answered and stored it itself
+                data = encode_reply(rid, entry.model, {} if res.logits is None else
+                                    {"logits": res.logits[i]}, label, score, exit_, res.early,
+                                    latency, res.config_version)
+                if resent:  # while its worker held it: the worker answered the abandoned
+                    # attempt and stored the row; the newest attempt gets the same answer
+                    self.outbox.reply(entry.reply, data)
+                else:
+                    self.outbox.answer(entry.model, record, entry.reply, data)
         if res.release:
             inflight = self.registry.release(res.worker, res.batch_id)
             if inflight is not None:

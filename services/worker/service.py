@@ -39,7 +39,7 @@ from schemas.telemetry import (
 from services.common import bus, logs, metrics
 from services.common.background import run_low
 from services.common.config import Config
-from services.common.hotpath import flush_now, publish_many, subscribe_direct
+from services.common.hotpath import flush_now, publish_all, subscribe_direct
 from services.common.service_loop import spawn, supervise
 from services.exits.decide import ramp_outcome
 from services.exits.initial import initial_config, initial_ramps
@@ -212,15 +212,7 @@ class Worker:
 
     def _publish(self, messages: list[tuple]) -> None:
         """(subject, data) or (subject, data, msg_id) messages, in order, in one write."""
-        try:
-            publish_many(self.nc, messages)
-        except Exception:  # noqa: BLE001 - e.g. oversize activations: send the rest, say which
-            for m in messages:
-                try:
-                    publish_many(self.nc, [m])
-                except Exception as exc:  # noqa: BLE001
-                    self.log.error("publish failed subject=%s bytes=%d error=%r",
-                                   m[0], len(m[1]), exc)
+        publish_all(self.nc, messages, self.log)
 
     # ------------------------------------------------------------------ compute
 
@@ -305,7 +297,7 @@ class Worker:
             batch.batch_id, self.id, self.plan.stage, batch.ids, np.zeros(0), np.zeros(0),
             np.zeros(0), None, False, self.config.version, release=self.plan.stage == 0,
             error={"code": code, "message": repr(exc)}).encode())])
-        self.held.discard(batch.batch_id)  # on the loop, after its release
+        self._let_go(batch.batch_id)
 
     def compute(self, batch: Batch, config: ExitConfig, received: float,
                 rerun: SetAside | None = None) -> None:

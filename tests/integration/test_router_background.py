@@ -46,11 +46,11 @@ def _capture_writes(monkeypatch) -> list[list[tuple]]:
 
     writes: list[list[tuple]] = []
 
-    def publish_many(nc, messages):
+    def publish_all(nc, messages, log):
         assert all(len(m[1]) <= nc.max_payload for m in messages)  # what nats-py refuses
         writes.append(list(messages))
 
-    monkeypatch.setattr(outbox_module, "publish_many", publish_many)
+    monkeypatch.setattr(outbox_module, "publish_all", publish_all)
     return writes
 
 

@@ -55,10 +55,11 @@ def tally(requests: list[Tracked], rows: list[tuple[str, str]],
     """The scenario's figures. The client's outcome of a request is its first reply; a
     request is a silent loss when no attempt got any reply. ``duplicate_replies`` counts
     replies beyond the first on one reply subject, ``answered_twice`` requests answered on
-    more than one of their subjects (a resend that was not needed). Rows: each answered
-    request is due one row with the status its client got; ``rows_missing`` counts those
-    without one, ``rows_mismatched`` those whose one row has another status, ``extra_rows``
-    rows beyond one per answered request and rows of requests never answered."""
+    more than one of their subjects (a resend that was not needed). Rows: the store keeps one
+    row per request id, so each id of an answered request is due one row (with the status
+    its client got, when one request alone carried the id; fuzzed messages may share one);
+    ``rows_missing`` counts ids without one, ``rows_mismatched`` those whose row has another
+    status, ``extra_rows`` rows beyond one per due id and rows of ids never answered."""
     firsts = [t.first for t in requests]
     codes = Counter(f.code for f in firsts if f is not None)
     per_subject = Counter(r.subject for t in requests for r in t.replies)
@@ -77,10 +78,10 @@ def tally(requests: list[Tracked], rows: list[tuple[str, str]],
     stored: dict[str, list[str]] = {}
     for rid, status in rows:
         stored.setdefault(rid, []).append(status)
-    missing = {k: n - len(stored.get(k, [])) for k, n in due.items() if n > len(stored.get(k, []))}
+    missing = {k: 1 for k in due if k not in stored}
     mismatched = [k for k, n in due.items()
                   if n == 1 and len(stored.get(k, [])) == 1 and stored[k][0] != client_code[k]]
-    extra = {k: len(v) - due.get(k, 0) for k, v in stored.items() if len(v) > due.get(k, 0)}
+    extra = {k: len(v) - (k in due) for k, v in stored.items() if len(v) > (k in due)}
     return {
         "requests": len(requests),
         "ok": codes.get(OK, 0),
@@ -89,7 +90,7 @@ def tally(requests: list[Tracked], rows: list[tuple[str, str]],
         "duplicate_replies": sum(n - 1 for n in per_subject.values() if n > 1),
         "answered_twice": sum(len({r.subject for r in t.replies}) > 1 for t in requests),
         "resent": sum(len(t.subjects) > 1 for t in requests),
-        "rows_due": sum(due.values()),
+        "rows_due": len(due),
         "rows_missing": sum(missing.values()),
         "rows_mismatched": len(mismatched),
         "extra_rows": sum(extra.values()),

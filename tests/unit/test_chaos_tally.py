@@ -85,3 +85,17 @@ def test_retry_hint_accuracy_sets_each_hint_against_the_drain_it_met():
     assert got["refusals"] == 2 and got["ratio_p5"] == 0.5 and got["ratio_p95"] == 2.0
     assert got["within_2x"] == 1.0
     assert retry_hint_accuracy([req("overloaded", 1.0, 5.0)]) is None  # nothing admitted
+
+
+def test_requests_sharing_an_id_are_due_one_row():
+    """The store keeps one row per request id: two fuzzed messages carrying one id are both
+    answered and stored once, which is neither a missing nor an extra row."""
+    from services.bench.chaos_tally import Reply, Tracked, tally
+
+    def req(rid, subject, code):
+        return Tracked(rid, [subject], [0.0], [Reply(1.0, subject, code, rid, None)])
+
+    got = tally([req("a", "s1", "bad_request"), req("a", "s2", "ok"), req("b", "s3", "ok")],
+                [("a", "bad_request"), ("b", "ok"), ("c", "ok")])
+    assert (got["rows_due"], got["rows_missing"], got["extra_rows"]) == (2, 0, 1)  # "c": extra
+    assert tally([req("a", "s1", "ok")], [])["rows_missing"] == 1

@@ -245,7 +245,7 @@ def headline(name: str, r: dict) -> str:
         hint = f.get("retry_hint")
         return f"{f['burst']} sent in {f['sent_in_s']:.2f} s" + (
             f"; retry hint / drain p50 {hint['ratio_p50']:.2f} (p5-p95 {hint['ratio_p5']:.2f}-"
-            f"{hint['ratio_p95']:.2f})" if hint else "")
+            f"{hint['ratio_p95']:.2f}, {hint['within_2x']:.0%} within 2x)" if hint else "")
     if name == "fuzz":
         up = f["followup"]
         return f"follow-up {up['ok']}/{up['requests']} ok, restarts {f['services_restarted'] or 0}"

@@ -21,7 +21,14 @@ from nats.aio.client import Client
 from schemas import subjects
 from schemas.codec import pack
 from services.bench import bus_attacks
-from services.bench.chaos_tally import NO_RESPONDERS, OK, retry_hint_accuracy, tally
+from services.bench.chaos_tally import (
+    NO_RESPONDERS,
+    OK,
+    hint_ratio_summary,
+    retry_hint_accuracy,
+    tally,
+)
+from services.bench.metrics_scrape import histogram_buckets
 from services.bench.request_fuzz import mutated
 from services.bench.stack_keeper import Keeper
 from services.bench.tracked_load import TrackedLoad
@@ -213,11 +220,20 @@ async def burst(c: Chaos) -> Staged:
     tag = c.tag()
     n = c.burst or (5000 if c.quick else 20000)
     load = await c.load(tag)
+    before = await router_hint_buckets(c)
     sent_s = await load.send_many(c.valid(tag), n)
     await load.wait(c.silent_after_s, c.say)
     await load.stop()
     return Staged(load, tag, {"burst": n, "sent_in_s": sent_s,
-                              "retry_hint": retry_hint_accuracy(load.requests)})
+                              "retry_hint": hint_ratio_summary(before,
+                                                               await router_hint_buckets(c)),
+                              "retry_hint_client_side": retry_hint_accuracy(load.requests)})
+
+
+async def router_hint_buckets(c: Chaos) -> dict[float, float]:
+    """The routers' ``offramp_retry_hint_ratio`` buckets for the bench's model."""
+    return await asyncio.to_thread(histogram_buckets, c.keeper.metrics_urls("router"),
+                                   "offramp_retry_hint_ratio", {"model": c.model})
 
 
 async def fuzz(c: Chaos) -> Staged:

@@ -147,3 +147,31 @@ def retry_hint_accuracy(requests: list[Tracked]) -> dict | None:
     return {"refusals": len(ratios), "ratio_p5": pct(0.05), "ratio_p50": pct(0.5),
             "ratio_p95": pct(0.95),
             "within_2x": round(sum(0.5 <= r <= 2 for r in ratios) / len(ratios), 3)}
+
+
+def hint_ratio_summary(before: dict[float, float], after: dict[float, float]) -> dict | None:
+    """The routers' own check of their hints over a scenario, from the cumulative buckets
+    (``le`` -> count, summed over routers) of ``offramp_retry_hint_ratio`` scraped before
+    and after it: each refusal's hint over the time until the tail of the queue it met was
+    answered. Quantiles interpolate within a bucket, as PromQL's histogram_quantile does;
+    ``within_2x`` counts ratios in (0.5, 2] (bucket bounds)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return None
+
+    def quantile(q: float) -> float:
+        rank, lo, below = q * total, 0.0, 0.0
+        for bound, c in zip(bounds, counts, strict=True):
+            if c >= rank:
+                if bound == float("inf"):
+                    return lo  # beyond the largest finite bound: that bound, as PromQL
+                return round(lo + (bound - lo) * (rank - below) / max(c - below, 1e-9), 2)
+            lo, below = bound, c
+        return lo
+
+    count = dict(zip(bounds, counts, strict=True))
+    return {"refusals": int(total), "ratio_p5": quantile(0.05), "ratio_p50": quantile(0.5),
+            "ratio_p95": quantile(0.95),
+            "within_2x": round((count.get(2.0, 0.0) - count.get(0.5, 0.0)) / total, 3)}

@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 
+from services.launcher import metrics_ports
 from services.launcher.supervisor import Supervisor
 
 POLL_S = 0.05
@@ -75,6 +76,12 @@ class Keeper:
             if t > since:
                 out[name] = out.get(name, 0) + 1
         return out
+
+    def metrics_urls(self, prefix: str) -> list[str]:
+        """The ``/metrics`` URLs of the services whose name starts with ``prefix``."""
+        bind = self.sup.cfg.metrics_bind
+        return [metrics_ports.url(bind, c.metrics_port) for c in self.sup.children
+                if c.name.startswith(prefix) and c.metrics_port is not None]
 
     def all_running(self) -> bool:
         if self.error is not None:

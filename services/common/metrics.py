@@ -35,6 +35,11 @@ QUEUE_SECONDS = BulkHistogram("offramp_queue_duration_seconds", "Time a request 
 EXITS = Counter("offramp_exits", "Requests answered ok, by the ramp that answered "
                 f"({FINAL}: the full model)", ["model", "ramp"])
 QUEUED = Gauge("offramp_queued_requests", "Requests waiting in the router's queue", ["model"])
+# hint / drain: 1 is exact, 2 twice too long; bounds at 0.5 and 2 count "within 2x"
+HINT_RATIOS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.11, 1.25, 1.5, 2.0, 4.0, 8.0)
+RETRY_HINT_RATIO = BulkHistogram("offramp_retry_hint_ratio", "retry_after_ms of an overloaded "
+                                 "reply over the time the queue it met took to drain (until "
+                                 "its tail was answered)", ["model"], HINT_RATIOS)
 
 # worker: per stage it runs
 STAGE_SECONDS = Histogram("offramp_stage_duration_seconds", "Compute time of one batch in "

@@ -6,7 +6,6 @@ The service estimate is the router's expected dispatch -> release time of one ba
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -20,10 +19,6 @@ MISSED_HEARTBEATS = 3        # a worker silent for this many heartbeat periods i
 SERVICE_FLOOR_MS = 5.0       # the first estimate never promises less than this
 FIRST_ESTIMATE_FACTOR = 2.0  # the profiled full-model time leaves out queueing and transfer
 SERVICE_EWMA_WEIGHT = 0.2    # weight of the newest batch in the running estimate
-MIN_RETRY_AFTER_MS = 1.0     # a retry hint of 0 would invite an immediate retry storm
-DRAIN_WINDOW_S = 2.0         # recent service the retry hint's drain rate is measured over
-MIN_DRAIN_SPAN_S = 0.1
-BEST_MEMORY_S = 300.0        # how long the best one-second drain rate is remembered
 MIN_REASK_MS = 0.1           # a policy's wait of ~0 must not make the dispatch loop spin
 SAMPLE_ENVELOPE_BYTES = 256  # per request in a batch message: id, reply subject, age
 BATCH_ENVELOPE_BYTES = 64 * 1024
@@ -62,80 +57,6 @@ def refuse_for_no_workers(has_worker: bool, now: float, started: float,
     """No first-stage worker: refuse at once, except just after the router started, when
     workers have not had the time to announce themselves yet."""
     return not has_worker and now - started > grace_s
-
-
-def retry_after_ms(service_ms: float, queued: int, max_batch: int,
-                   drain_per_s: float | None = None, parallel: int = 1) -> float:
-    """Hint of an ``overloaded`` reply: about the time the queue takes to drain, to 0.1 ms.
-    From the rate requests were recently served (``drain_per_s``, see ``DrainRate``) when
-    known: what every worker together serves, pipelined. Else what is queued, in batches of
-    ``max_batch``, each taking one batch's dispatch-to-release time, ``parallel`` batches at
-    once (workers x batches each may hold)."""
-    if drain_per_s is not None and drain_per_s > 0:
-        return round(max(MIN_RETRY_AFTER_MS, 1e3 * queued / drain_per_s), 1)
-    batches = queued / max(1, max_batch) / max(1, parallel)
-    return round(max(MIN_RETRY_AFTER_MS, service_ms * batches), 1)
-
-
-class DrainRate:
-    """Requests per second served over the last ``window_s``, over the time since the first
-    release in it (at least ``MIN_DRAIN_SPAN_S``: a burst's first batches do not make a rate
-    alone). Kept as releases come, so an overloaded intake reads it in O(1).
-
-    The hint's rate hedges between now and the best recent past (``hint_rate``): under a
-    burst, moving the burst's own bytes slows serving (measured on 2 cores, EfficientNet:
-    ~50 requests/s while 3,000 requests arrive, ~140/s once they stop), and nothing here
-    can tell whether the overload will last. The geometric mean of the current rate and the
-    best one-second rate of the last ``BEST_MEMORY_S`` is within sqrt(best / current) of
-    either outcome."""
-
-    def __init__(self, window_s: float = DRAIN_WINDOW_S) -> None:
-        self.window_s = window_s
-        self.released: deque[tuple[float, int]] = deque()  # (time, requests) per batch
-        self.total = 0
-        self.second = (0, 0)                 # (whole second, requests released in it)
-        self.best: deque[tuple[float, float]] = deque()  # (second, rate): decreasing rates
-
-    def add(self, now: float, requests: int) -> None:
-        self.released.append((now, requests))
-        self.total += requests
-        self._forget(now)
-        sec = int(now)
-        if sec != self.second[0]:
-            self._remember(*self.second)
-            self.second = (sec, 0)
-        self.second = (sec, self.second[1] + requests)
-
-    def rate(self, now: float) -> float | None:
-        """Requests per second, or None when nothing was served within the window."""
-        self._forget(now)
-        if not self.released:
-            return None
-        return self.total / max(now - self.released[0][0], MIN_DRAIN_SPAN_S)
-
-    def hint_rate(self, now: float) -> float | None:
-        """The rate a retry hint divides by: the current rate, hedged toward the best
-        recent one (see the class note)."""
-        current = self.rate(now)
-        if current is None:
-            return None
-        while self.best and now - self.best[0][0] > BEST_MEMORY_S:
-            self.best.popleft()
-        best = self.best[0][1] if self.best else 0.0
-        return (current * best) ** 0.5 if best > current else current
-
-    def _remember(self, second: int, requests: int) -> None:
-        """Keep the best rate per one-second bin as a monotone queue (the front is the
-        best of the memory; a newer, better second makes older, worse ones irrelevant)."""
-        if requests <= 0:
-            return
-        while self.best and self.best[-1][1] <= requests:
-            self.best.pop()
-        self.best.append((float(second), float(requests)))
-
-    def _forget(self, now: float) -> None:
-        while self.released and now - self.released[0][0] > self.window_s:
-            self.total -= self.released.popleft()[1]
 
 
 # ---------------------------------------------------------------- service estimate

@@ -37,7 +37,7 @@ from services.common import bus, logs, metrics
 from services.common.config import Config
 from services.common.hotpath import publish_now, subscribe_direct
 from services.common.service_loop import supervise
-from services.router import admission
+from services.router import admission, retry_hint
 from services.router.edf_queue import EDFQueue, Pending, QueueFull
 from services.router.model_specs import ModelSpec, load_specs
 from services.router.outbox import Outbox
@@ -62,7 +62,9 @@ class ModelState:
     early: int = 0
     records: list[RequestRecord] = field(default_factory=list)
     dispatching: bool = False                 # a dispatch pass is running (at most one)
-    drained: admission.DrainRate = field(default_factory=admission.DrainRate)  # retry hints
+    drained: retry_hint.DrainRate = field(default_factory=retry_hint.DrainRate)
+    audit: retry_hint.HintAudit = field(default_factory=retry_hint.HintAudit)
+    tail: Pending | None = None  # the queued request with the latest deadline
     waits_ms: list[list[float]] = field(default_factory=list)  # queue waits of batches sent
 
 
@@ -76,6 +78,7 @@ class ModelMetrics:
         self.latency = metrics.REQUEST_SECONDS.labels(model)
         self.waits = metrics.QUEUE_SECONDS.labels(model)
         self.queued = metrics.QUEUED.labels(model)
+        self.hint_ratio = metrics.RETRY_HINT_RATIO.labels(model)
 
     def count(self, records: list[RequestRecord], waits_ms: list[list[float]],
               queued: int) -> None:
@@ -141,14 +144,13 @@ class Router:
             try:
                 state.queue.push(entry)
             except QueueFull:
-                workers = sum(w.stage == 0 for w in self.registry.for_model(subject_model))
-                retry = admission.retry_after_ms(
-                    state.service_ms, len(state.queue), self.policy_batch(),
-                    state.drained.hint_rate(now), workers * self.cfg.worker_credit)
+                retry = self._retry_after_ms(subject_model, state, now)
                 raise ServingError(errors.OVERLOADED,
                                    f"queue for {subject_model!r} is full ({state.queue.limit} waiting)",
                                    retry_after_ms=retry) from None
             self.pending[req.id] = entry
+            if state.tail is None or state.tail.replied or deadline >= state.tail.deadline:
+                state.tail = entry
             self.kick(subject_model, state)
         except ServingError as exc:
             if rid is None:
@@ -158,6 +160,25 @@ class Router:
             self.log.exception("intake failed")
             self._reply_error_raw(msg.reply, rid, subject_model,
                                   ServingError(errors.INTERNAL, f"router error: {exc!r}"), now)
+
+    def _retry_after_ms(self, model: str, state: ModelState, now: float) -> float:
+        """The hint of an ``overloaded`` reply, noted for the router's own check of it."""
+        workers = sum(w.stage == 0 for w in self.registry.for_model(model))
+        tail = state.tail if state.tail is not None and not state.tail.replied else None
+        retry = retry_hint.retry_after_ms(
+            state.service_ms, len(state.queue), self.policy_batch(),
+            state.drained.hint_rate(now), workers * self.cfg.worker_credit,
+            None if tail is None else max(0.0, tail.deadline - now) + SWEEP_S)
+        if tail is not None:
+            state.audit.note(tail.id, now, retry)
+        return retry
+
+    def _settle_hints(self, state: ModelState, rid: str, now: float) -> None:
+        """``rid`` is answered: if it was the tail some refusals met, their hints meet the
+        drain they predicted."""
+        if state.audit.waiting:
+            self.metered[state.spec.name].hint_ratio.observe_many(
+                state.audit.settle(rid, now))
 
     def policy_batch(self) -> int:
         return getattr(self.policy, "max_batch", 1)
@@ -191,6 +212,7 @@ class Router:
             return
         entry.replied = True
         self.pending.pop(entry.id, None)
+        self._settle_hints(self.models[entry.model], entry.id, time.monotonic())
         record = self._count_error(entry.model, entry.id, entry.received_wall, entry.arrival,
                                    code)
         if send:  # else the worker answered and stored it: only counted here
@@ -223,6 +245,7 @@ class Router:
                 latency = (now - entry.arrival) * 1e3
                 label, score, exit_ = int(res.labels[i]), float(res.scores[i]), int(res.exits[i])
                 state = self.models[entry.model]
+                self._settle_hints(state, rid, now)
                 state.served += 1
                 state.early += int(res.early)
                 state.latencies.append(latency)

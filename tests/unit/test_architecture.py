@@ -30,6 +30,7 @@ POLICY_MODULES = {
     "services.router.admission",
     "services.router.edf_queue",
     "services.router.policy",
+    "services.router.retry_hint",
     "services.router.workers",
     "services.tuner.controller",
     "services.tuner.evidence_adjust",

@@ -99,3 +99,21 @@ def test_requests_sharing_an_id_are_due_one_row():
                 [("a", "bad_request"), ("b", "ok"), ("c", "ok")])
     assert (got["rows_due"], got["rows_missing"], got["extra_rows"]) == (2, 0, 1)  # "c": extra
     assert tally([req("a", "s1", "ok")], [])["rows_missing"] == 1
+
+
+def test_hint_ratio_summary_reads_the_routers_histogram_over_the_scenario():
+    from services.bench.chaos_tally import hint_ratio_summary
+    inf = float("inf")
+    before = {0.5: 10.0, 1.0: 10.0, 2.0: 10.0, 4.0: 10.0, inf: 10.0}  # an earlier scenario's
+    # 100 refusals in the scenario: 20 at or below 0.5, 60 in (0.5, 1], 10 in (1, 2],
+    # 10 in (2, 4]
+    after = {0.5: 30.0, 1.0: 90.0, 2.0: 100.0, 4.0: 110.0, inf: 110.0}
+    got = hint_ratio_summary(before, after)
+    assert got["refusals"] == 100
+    assert got["within_2x"] == 0.7
+    # rank 50 lies 30 of the 60 into (0.5, 1]: 0.75, interpolated as histogram_quantile does
+    assert got["ratio_p50"] == 0.75
+    assert got["ratio_p5"] == 0.12    # 5 of 20 into (0, 0.5]
+    assert got["ratio_p95"] == 3.0    # 5 of 10 into (2, 4]
+    assert hint_ratio_summary(after, after) is None   # no refusal in the scenario
+    assert hint_ratio_summary({}, {}) is None

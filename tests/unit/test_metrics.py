@@ -42,7 +42,7 @@ def test_names_follow_prometheus_conventions():
         m = defined()[attr]
         assert name.startswith("offramp_"), name
         assert not name.endswith("_total"), name  # the client adds it to counters
-        if isinstance(m, (Histogram, BulkHistogram)) and "size" not in name:
+        if isinstance(m, (Histogram, BulkHistogram)) and not name.endswith(("_size", "_ratio")):
             assert name.endswith("_seconds"), f"{name}: durations in base units"
         assert "_ms" not in name and "millis" not in name, name
 

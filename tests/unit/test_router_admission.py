@@ -48,18 +48,6 @@ def test_refuse_for_no_workers_custom_grace():
     assert not adm.refuse_for_no_workers(False, 10.4, started=10.0, grace_s=0.5)
 
 
-@pytest.mark.parametrize("service_ms,queued,max_batch,expected", [
-    (20.0, 64, 16, 80.0),     # 64 queued = 4 batches of 20 ms
-    (20.0, 64, 0, 1280.0),    # a batch of 0 counts as 1
-    (20.0, 10, 3, 66.7),      # 200/3 = 66.666.. to 0.1 ms
-    (0.5, 1, 1, 1.0),         # floor at 1 ms: never "retry right now"
-    (1.0, 1, 1, 1.0),         # exactly the floor
-    (0.0, 0, 8, 1.0),
-])
-def test_retry_after_ms(service_ms, queued, max_batch, expected):
-    assert adm.retry_after_ms(service_ms, queued, max_batch) == expected
-
-
 # ---------------------------------------------------------------- service estimate
 
 
@@ -208,49 +196,3 @@ def test_payload_cap_for_an_image_batch():
     x = np.zeros((3, 224, 224), np.float32)   # 602112 bytes
     assert adm.payload_batch_cap(8, x.nbytes, 8 * MB) == 8
     assert adm.payload_batch_cap(32, x.nbytes, 8 * MB) == 13   # 8323072 // 602368
-
-
-def test_retry_after_from_the_recent_drain_rate():
-    # two workers pipelining batches of 16 in 20 ms each: 1,600 requests/s, far more than
-    # one batch's dispatch-to-release time says (16 per 20 ms = 800/s)
-    drained = adm.DrainRate()
-    for i in range(300):  # 3 s of releases; the window keeps the last 2 s
-        drained.add(9.0 + 0.01 * i, 16)
-    rate = drained.rate(11.99)
-    assert rate == pytest.approx(3200 / 1.99, rel=0.02)
-    assert len(drained.released) <= 201  # older releases are forgotten as new ones come
-    assert adm.retry_after_ms(20.0, 1024, 16, rate) == pytest.approx(1e3 * 1024 / rate, abs=0.1)
-    assert drained.rate(20.0) is None and drained.total == 0  # nothing recent
-    assert adm.DrainRate().rate(1.0) is None
-    assert adm.retry_after_ms(20.0, 0, 16, 100.0) == 1.0      # floor
-    # a burst's first release: the rate over at least 0.1 s, not over the whole window
-    first = adm.DrainRate()
-    first.add(5.0, 16)
-    assert first.rate(5.01) == pytest.approx(160.0)
-
-
-def test_retry_after_before_anything_was_served_counts_batches_served_at_once():
-    assert adm.retry_after_ms(20.0, 1024, 16, None) == 1280.0             # one at a time
-    assert adm.retry_after_ms(20.0, 1024, 16, None, parallel=4) == 320.0  # 2 workers x 2
-
-
-def test_the_hint_hedges_toward_the_best_recent_second():
-    drained = adm.DrainRate()
-    for i in range(200):  # 2 s at 1,600 requests/s
-        drained.add(100.0 + 0.01 * i, 16)
-    for i in range(100):  # then a burst slows serving to 400/s
-        drained.add(102.0 + 0.04 * i, 16)
-    now = 106.0
-    current = drained.rate(now)
-    assert current == pytest.approx(400, rel=0.05)
-    # the best second served 1,600: the hint divides by the geometric mean, 800
-    assert drained.hint_rate(now) == pytest.approx((current * 1600) ** 0.5, rel=0.02)
-    # a memory of BEST_MEMORY_S: long after, only the current rate counts
-    later = 102.0 + adm.BEST_MEMORY_S + 10
-    for i in range(300):
-        drained.add(later - 3 + 0.01 * i, 4)
-    assert drained.hint_rate(later) == pytest.approx(drained.rate(later))
-    # no better past: the current rate as it is
-    fresh = adm.DrainRate()
-    fresh.add(5.0, 16)
-    assert fresh.hint_rate(5.01) == fresh.rate(5.01)

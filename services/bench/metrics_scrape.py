@@ -1,0 +1,37 @@
+"""Read a histogram's buckets from services' ``/metrics`` (what a Prometheus server would
+scrape), summed over the services: a bench's view of what the services measured
+themselves."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+TIMEOUT_S = 5.0
+
+
+def histogram_buckets(urls: list[str], name: str, labels: dict[str, str]) -> dict[float, float]:
+    """Cumulative bucket counts (``le`` -> count) of histogram ``name`` with ``labels``,
+    summed over ``urls``; a service that does not answer counts nothing (and is named in
+    the error of the caller's summary only if no service answers at all)."""
+    out: dict[float, float] = {}
+    answered = 0
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:
+                text = resp.read().decode()
+        except OSError:
+            continue
+        answered += 1
+        for family in text_string_to_metric_families(text):
+            if family.name != name:
+                continue
+            for s in family.samples:
+                if s.name == f"{name}_bucket" and all(s.labels.get(k) == v
+                                                      for k, v in labels.items()):
+                    le = float(s.labels["le"])
+                    out[le] = out.get(le, 0.0) + s.value
+    if urls and not answered:
+        raise OSError(f"no /metrics answered: {', '.join(urls)}")
+    return out

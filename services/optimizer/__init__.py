@@ -1,0 +1,1 @@
+"""Deployment planning: E3 split/replica plans over device classes, exit-wrapper ramp choice."""

@@ -47,7 +47,7 @@ POLICY_MODULES = {
     "services.worker.telemetry",
 }
 PURE_STDLIB = {"__future__", "abc", "bisect", "collections", "dataclasses", "datetime", "enum",
-               "functools", "heapq", "itertools", "math", "numbers", "operator", "statistics",
+               "functools", "hashlib", "heapq", "itertools", "math", "numbers", "operator", "statistics",
                "typing", "zlib"}  # zlib: checksums of bytes in memory
 CLOCK_CALLS = {"now", "utcnow", "today", "time", "monotonic", "perf_counter"}
 MAX_FUNCTION_LINES = 60

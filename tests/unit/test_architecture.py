@@ -44,6 +44,7 @@ POLICY_MODULES = {
     "services.tuner.thresholds",
     "services.worker.feature_sampling",
     "services.worker.feedback_backlog",
+    "services.worker.fusion",
     "services.worker.telemetry",
 }
 PURE_STDLIB = {"__future__", "abc", "bisect", "collections", "dataclasses", "datetime", "enum",

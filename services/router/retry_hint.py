@@ -27,8 +27,9 @@ def retry_after_ms(service_ms: float, queued: int, max_batch: int,
     known: what every worker together serves, pipelined. Else what is queued, in batches of
     ``max_batch``, each taking one batch's dispatch-to-release time, ``parallel`` batches at
     once (workers x batches each may hold). Never past ``answered_by_s``, when every
-    queued request has its answer: served, or expired at the tail's deadline at the
-    latest (the router's caller adds the sweep period that answers an expired request)."""
+    queued request has its answer: the router passes the time left until the tail's
+    deadline less one batch's service time (dispatch refuses what can no longer finish by
+    then) plus the sweep period (what expires in the queue is answered within one)."""
     if drain_per_s is not None and drain_per_s > 0:
         seconds = queued / drain_per_s
     else:

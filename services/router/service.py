@@ -108,6 +108,8 @@ class Router:
         self.pending: dict[str, Pending] = {}
         self.tasks: set[asyncio.Task] = set()
         self.started = time.monotonic()
+        self.heard_until = self.started  # see on_tick
+        self.tick_subject = ""            # set once subscribed
         self.batches = 0
         self.outbox = Outbox(nc, self.id, log)
 
@@ -168,7 +170,8 @@ class Router:
         retry = retry_hint.retry_after_ms(
             state.service_ms, len(state.queue), self.policy_batch(),
             state.drained.hint_rate(now), workers * self.cfg.worker_credit,
-            None if tail is None else max(0.0, tail.deadline - now) + SWEEP_S)
+            None if tail is None else
+            max(0.0, tail.deadline - now - state.service_ms / 1e3) + SWEEP_S)
         if tail is not None:
             state.audit.note(tail.id, now, retry)
         return retry
@@ -367,7 +370,9 @@ class Router:
 
     # ------------------------------------------------------------------ liveness
 
-    async def on_heartbeat(self, msg: Msg) -> None:
+    def on_heartbeat(self, msg: Msg) -> None:
+        """Runs in the read loop (direct), in order with the router's ticks, so that
+        ``heard_until`` covers every heartbeat the server passed on before a tick."""
         try:
             hb = Heartbeat.decode(decode_map(msg.data))
             if hb.model not in self.models:
@@ -380,7 +385,9 @@ class Router:
                                                          stage=hb.stage))
                 self.models[hb.model].wake.set()
             # e.g. sent just before a NATS restart, or before the worker subscribed again
-            lost = self.registry.lost_in_transit(hb.worker, hb.held, time.monotonic(),
+            # judged at heard_until: a heartbeat read late (a backlog of intake ahead of
+            # it) may have been sent before a batch reached its worker
+            lost = self.registry.lost_in_transit(hb.worker, hb.held, self.heard_until,
                                                  admission.transit_margin_s(self.cfg.heartbeat_ms))
             if lost:
                 self.log.warning("batches lost in transit %s", logs.kv(
@@ -400,16 +407,32 @@ class Router:
                 state.queue.push(e, force=True)   # already admitted: not bounced by the limit
             state.wake.set()
 
+    def on_tick(self, msg: Msg) -> None:
+        """A tick of this router's came back through the server: every message the server
+        passed on before it has been read (heartbeats are handled as they are read)."""
+        try:
+            self.heard_until = max(self.heard_until, float(msg.data))
+        except ValueError:
+            self.log.warning("bad tick %r", msg.data[:40])
+
+    def tick(self) -> None:
+        if self.tick_subject:
+            publish_now(self.nc, self.tick_subject, repr(time.monotonic()).encode())
+
     async def sweep_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await asyncio.sleep(SWEEP_S)
             try:
+                self.tick()
                 self._sweep(time.monotonic())
             except Exception:
                 self.log.exception("sweep failed")
 
     def _sweep(self, now: float) -> None:
-        for dead in self.registry.expire(now):
+        # Silence is measured up to heard_until, not now: a router that has not yet read
+        # its backlog (a burst of requests ahead of the heartbeats) must not take live
+        # workers for dead and run their batches twice.
+        for dead in self.registry.expire(self.heard_until):
             self.log.warning("worker lost %s", logs.kv(worker=dead.id, model=dead.model,
                                                        stage=dead.stage, inflight=len(dead.inflight)))
             self._take_back(dead.inflight.values())
@@ -473,7 +496,9 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     await subscribe_direct(nc, subjects.INFER_ALL, router.on_infer, queue=subjects.ROUTER_QUEUE)
     await nc.subscribe(subjects.MODELS, queue=subjects.ROUTER_QUEUE, cb=router.on_models)
     await nc.subscribe(subjects.STATUS_ROUTER, cb=router.on_status)
-    await nc.subscribe(subjects.HEARTBEAT, cb=router.on_heartbeat)
+    await subscribe_direct(nc, subjects.HEARTBEAT, router.on_heartbeat)
+    router.tick_subject = nc.new_inbox()
+    await subscribe_direct(nc, router.tick_subject, router.on_tick)
     await subscribe_direct(nc, subjects.results(router.id), router.on_results)
     supervise("sweep", lambda: router.sweep_loop(stop), router.tasks, log)
     supervise("metrics", lambda: router.meter_loop(stop), router.tasks, log)

@@ -171,11 +171,34 @@ def test_a_batch_its_worker_never_got_is_taken_back():
             msg = SimpleNamespace(data=Heartbeat("w", "tiny", 0, 1, 2, held=held).encode())
             return router.on_heartbeat(msg)
 
-        await beat(None)          # a worker that does not say what it holds: nothing moves
+        beat(None)                # a worker that does not say what it holds: nothing moves
         assert set(w.inflight) == {"lost", "held", "fresh"}
-        await beat(("held",))     # "fresh" was sent too recently to be judged
+        beat(("held",))           # "fresh" was sent too recently to be judged
         return router, w
 
     router, w = asyncio.run(run())
     assert set(w.inflight) == {"held", "fresh"} and w.credit == 0
     assert [e.id for e in router.models["tiny"].queue.drain()] == ["r0", "r1"]
+
+
+def test_a_router_behind_on_its_reading_does_not_take_live_workers_for_dead():
+    """Worker silence counts only up to the last tick of the router's that came back
+    through the server: heartbeats queued behind a burst of requests have not been read
+    yet, and taking the worker for dead would run its batches twice (two answers)."""
+    from services.router.workers import Inflight
+
+    router = _router()
+    t0 = router.heard_until
+    router.registry.heartbeat("w", "tiny", 0, 1, 2, t0)
+    entry = Pending(id="r0", model="tiny", reply="_INBOX.client.0",
+                    inputs={"x": np.zeros(16, "<f4")}, arrival=t0, deadline=t0 + 1e6)
+    router.pending[entry.id] = entry
+    router.registry.workers["w"].inflight["b"] = Inflight("b", "w", "tiny", [entry], t0, 1)
+    router._sweep(t0 + 5.0)      # 5 s without a heartbeat read, but nothing heard since t0
+    assert "w" in router.registry.workers and len(router.models["tiny"].queue) == 0
+    router.on_tick(SimpleNamespace(data=repr(t0 + 5.0).encode()))  # caught up to t0 + 5 s
+    router.on_tick(SimpleNamespace(data=b"garbage"))                # logged, not raised
+    assert router.heard_until == t0 + 5.0
+    router._sweep(t0 + 5.1)      # now the silence is real: its batch comes back
+    assert "w" not in router.registry.workers
+    assert [e.id for e in router.models["tiny"].queue.drain()] == ["r0"]

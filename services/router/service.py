@@ -54,6 +54,11 @@ class ModelState:
     spec: ModelSpec
     queue: EDFQueue
     service_ms: float                         # estimate of dispatch -> release per batch
+    # ... of a batch sent to a worker that held nothing else: without the wait behind its
+    # other batches. Screening for an idle worker uses it, so an estimate inflated by a
+    # backlog cannot refuse every request as too late forever (nothing sent, no release,
+    # no update); set from service_ms at first
+    alone_ms: float = 0.0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     no_worker_since: float | None = None
     latencies: deque = field(default_factory=lambda: deque(maxlen=2000))
@@ -66,6 +71,9 @@ class ModelState:
     audit: retry_hint.HintAudit = field(default_factory=retry_hint.HintAudit)
     tail: Pending | None = None  # the queued request with the latest deadline
     waits_ms: list[list[float]] = field(default_factory=list)  # queue waits of batches sent
+
+    def __post_init__(self) -> None:
+        self.alone_ms = self.alone_ms or self.service_ms
 
 
 class ModelMetrics:
@@ -272,6 +280,8 @@ class Router:
                 state = self.models[inflight.model]
                 elapsed = (now - inflight.dispatched) * 1e3
                 state.service_ms = admission.updated_service_ms(state.service_ms, elapsed)
+                if inflight.alone:
+                    state.alone_ms = admission.updated_service_ms(state.alone_ms, elapsed)
                 state.drained.add(now, inflight.size)
                 self.kick(inflight.model, state)
 
@@ -323,7 +333,8 @@ class Router:
             sample_bytes = sum(a.nbytes for a in state.queue.peek().inputs.values())
             size = admission.payload_batch_cap(decision.batch_size, sample_bytes,
                                                self.nc.max_payload)
-            screened = admission.screen_for_dispatch(state.queue.pop(size), now, state.service_ms)
+            estimate = state.service_ms if worker.inflight else state.alone_ms
+            screened = admission.screen_for_dispatch(state.queue.pop(size), now, estimate)
             for entry, refusal in screened.refuse:
                 self.reply_error(entry, refusal.code, refusal.message)
             if screened.send:
@@ -358,7 +369,8 @@ class Router:
             e.sent_reply = e.reply
         state.waits_ms.append(ages_ms)  # the queue-time metric, observed at the next flush
         w = self.registry.workers[worker_id]
-        w.inflight[batch_id] = Inflight(batch_id, worker_id, model, batch, now, len(batch))
+        w.inflight[batch_id] = Inflight(batch_id, worker_id, model, batch, now, len(batch),
+                                        alone=not w.inflight)
         try:
             publish_now(self.nc, subjects.work(worker_id), data)
         except Exception as exc:  # noqa: BLE001 - fail these requests clearly, never silently

@@ -15,6 +15,7 @@ class Inflight:
     entries: list[Pending]
     dispatched: float
     size: int
+    alone: bool = False  # its worker held nothing else when it was sent
 
 
 @dataclass(slots=True)

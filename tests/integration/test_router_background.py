@@ -202,3 +202,39 @@ def test_a_router_behind_on_its_reading_does_not_take_live_workers_for_dead():
     router._sweep(t0 + 5.1)      # now the silence is real: its batch comes back
     assert "w" not in router.registry.workers
     assert [e.id for e in router.models["tiny"].queue.drain()] == ["r0"]
+
+
+def test_an_estimate_inflated_by_a_backlog_does_not_refuse_everything_forever(monkeypatch):
+    """After a backlog, dispatch -> release times include the wait behind other batches
+    (seen: 2.3 s on EfficientNet), and a 1 s request was refused as too late before it
+    was sent; with nothing sent, no release came to correct the estimate. A worker that
+    holds nothing is screened with the estimate of batches sent to idle workers."""
+    import services.router.service as router_service
+    from schemas import errors
+
+    published: list[bytes] = []
+    monkeypatch.setattr(router_service, "publish_now",
+                        lambda nc, subject, data: published.append(data))
+    router = _router()
+    state = router.models["tiny"]
+    state.spec = SimpleNamespace(full_ms=1.0, input_names=["x"])
+    router.registry.heartbeat("w", "tiny", 0, 1, 2, time.monotonic())
+    state.service_ms, state.alone_ms = 2300.0, 40.0
+    now = time.monotonic()
+    entry = Pending(id="r0", model="tiny", reply="_INBOX.client.0",
+                    inputs={"x": np.zeros(16, "<f4")}, arrival=now, deadline=now + 1.0)
+    router.pending[entry.id] = entry
+    state.queue.push(entry)
+    router._dispatch_ready("tiny", state)
+    assert len(published) == 1 and not entry.replied           # sent, not refused
+    inflight = next(iter(router.registry.workers["w"].inflight.values()))
+    assert inflight.alone
+    # the same estimate still screens for a busy worker: it would wait behind a batch
+    late = Pending(id="r1", model="tiny", reply="_INBOX.client.1",
+                   inputs={"x": np.zeros(16, "<f4")}, arrival=now, deadline=now + 1.0)
+    router.pending[late.id] = late
+    state.queue.push(late)
+    replies = []
+    monkeypatch.setattr(router, "reply_error", lambda e, code, message: replies.append(code))
+    router._dispatch_ready("tiny", state)
+    assert replies == [errors.DEADLINE_EXCEEDED] and len(published) == 1

@@ -29,6 +29,21 @@ def _frames(n: int, seed: int) -> list[dict[str, np.ndarray]]:
     return [{"image": batch["image"][i]} for i in range(n)]
 
 
+def batch_kinds(seen: list[tuple[str, dict]]) -> dict[str, list[str]]:
+    """Per batch id, the kinds of message seen for it in order (early, final, telemetry)."""
+    order: dict[str, list[str]] = {}
+    for subject, m in seen:
+        kind = "telemetry" if "telemetry" in subject else ("early" if m["early"] else "final")
+        # Telemetry of consecutive batches is coalesced into one message (batch_ids).
+        for batch_id in m.get("batch_ids") or [m["batch_id"]]:
+            order.setdefault(batch_id, []).append(kind)
+    return order
+
+
+def telemetry_complete(seen: list[tuple[str, dict]]) -> bool:
+    return all("telemetry" in kinds for kinds in batch_kinds(list(seen)).values())
+
+
 def test_500_requests_all_answered_early_before_final(stack):
     out = stack.cli("exit-config", MODEL, "--threshold", "0.3", "--reason", "e2e test")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -47,7 +62,12 @@ def test_500_requests_all_answered_early_before_final(stack):
         await tap.subscribe("offramp.>", cb=spy)
         await asyncio.sleep(0.5)  # workers swap in the new exit config between batches
         outcomes = await drive(nc, MODEL, inputs, concurrency=8, slo_ms=5000, timeout=10)
-        await asyncio.sleep(0.5)
+        # telemetry of the last batches leaves with a worker's next flush: on a busy
+        # machine that can take more than a moment
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            if telemetry_complete(seen):
+                break
         await nc.close()
         await tap.close()
         return outcomes, seen
@@ -64,12 +84,7 @@ def test_500_requests_all_answered_early_before_final(stack):
     # One subscriber sees one worker's messages in publish order: for every batch with an
     # early exit, the early result precedes the batch's final result and its telemetry,
     # which carries the final prediction of the early-exited samples too.
-    order: dict[str, list[str]] = {}
-    for subject, m in seen:
-        kind = "telemetry" if "telemetry" in subject else ("early" if m["early"] else "final")
-        # Telemetry of consecutive batches is coalesced into one message (batch_ids).
-        for batch_id in m.get("batch_ids") or [m["batch_id"]]:
-            order.setdefault(batch_id, []).append(kind)
+    order = batch_kinds(seen)
     with_early = [kinds for kinds in order.values() if "early" in kinds]
     assert with_early
     for kinds in with_early:

@@ -17,6 +17,7 @@ from schemas import subjects
 from schemas.codec import pack, unpack
 from services.common.client import models as list_models
 from services.loadgen.drive import drive
+from services.monitor.service import ACK_WAIT_S
 from tests.e2e.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -176,8 +177,9 @@ def test_monitor_restart_loses_no_committed_telemetry(stack):
     assert wait_for(lambda: stored(f"a{tag}") == 200)
     os.kill(stack.pids["monitor"], signal.SIGKILL)
     asyncio.run(send(f"b{tag}", 200))   # telemetry piles up in JetStream meanwhile
-    # The supervisor restarts the monitor; it resumes from its durable consumer.
-    assert wait_for(lambda: stored(f"b{tag}") == 200, timeout=30)
+    # The supervisor restarts the monitor; it resumes from its durable consumer. Messages
+    # the killed monitor had fetched but not acknowledged come again after the ack wait.
+    assert wait_for(lambda: stored(f"b{tag}") == 200, timeout=ACK_WAIT_S + 30)
     assert stored(f"a{tag}") == 200     # nothing counted twice
     dup = stack.sql("select count(*) - count(distinct request_id) from requests "
                     "where request_id like ? or request_id like ?", f"a{tag}-%", f"b{tag}-%")[0][0]

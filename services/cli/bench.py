@@ -1,4 +1,4 @@
-"""``offramp bench overhead|apparate|chaos``: measurements that print a table and write JSON."""
+"""``offramp bench overhead|apparate|chaos|e3``: measurements that print a table and write JSON."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON")
-    bench.add_argument("which", choices=["overhead", "apparate", "chaos"])
+    bench.add_argument("which", choices=["overhead", "apparate", "chaos", "e3"])
     bench.add_argument("--json", required=True, help="output file")
-    bench.add_argument("--model", help="default efficientnet-lite0 (chaos: tiny)")
+    bench.add_argument("--model", help="default efficientnet-lite0 (chaos: tiny, e3: chain-cnn)")
     bench.add_argument("--trivial-model", default="tiny")
     bench.add_argument("--requests", type=int,
                        help="overhead: requests per light-load run (default 300); apparate "
-                       "--live: samples of the stream per policy (default 2000)")
+                       "--live: samples of the stream per policy (default 2000); e3: see below")
     bench.add_argument("--duration", type=float, default=8.0, help="seconds of sustained load")
     bench.add_argument("--concurrency", type=int, default=64,
                        help="requests in flight during the sustained phase")
@@ -62,7 +62,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="chaos: requests of the burst scenario (default 20000, --quick 5000)")
     bench.add_argument("--keep-state", action="store_true",
                        help="chaos: keep the private stack's state folder (logs, store)")
+    e3_arguments(bench)
     bench.set_defaults(fn=run)
+
+
+def e3_arguments(bench: argparse.ArgumentParser) -> None:
+    """``offramp bench e3``: vanilla vs naive early exit vs E3 (services/bench/e3.py)."""
+    bench.add_argument("--sim", action="store_true",
+                       help="e3: simulate (the live mode on pool workers is not available yet)")
+    bench.add_argument("--devices", metavar="N,...",
+                       help="e3: device counts (default 16,48; the first is the headline)")
+    bench.add_argument("--device-profile", metavar="FILE",
+                       help="e3: a device class (JSON, see services/bench/e3_inputs.py) "
+                       "instead of the A40 class modeled from ../shared/data")
+    bench.add_argument("--batches", metavar="B,...", help="e3: batch sizes (default 1,4,8,16)")
+    bench.add_argument("--mixes", metavar="EASY/HARD,...",
+                       help="e3: easy/hard mixes (default 80/20,50/50,20/80; the first is "
+                       "the headline); e3 also reads --requests (at least this many a run, "
+                       "default 20000), --seed (arrivals and mixes), --slo-ms (default 10x the "
+                       "batch-16 full model) and --constraint")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
         from services.bench.chaos import run_chaos
         args.model = args.model or "tiny"
         return run_chaos(args)
+    if args.which == "e3":
+        from services.bench.e3 import run_e3
+        return run_e3(args)
     args.model = args.model or "efficientnet-lite0"
     if args.which == "overhead":
         from services.bench.overhead import run_overhead

@@ -38,6 +38,8 @@ POLICY_MODULES = {
     "services.router.policy",
     "services.router.retry_hint",
     "services.router.workers",
+    "services.sim.e3_policies",
+    "services.sim.e3_sim",
     "services.tuner.controller",
     "services.tuner.evidence_adjust",
     "services.tuner.ramp_adjust",

@@ -1,0 +1,76 @@
+"""``offramp bench e3 --sim`` end to end on `tiny` (it has three ramps): measured profile,
+recorded trace, tuned exit config, the bus measured, every configuration simulated, JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.bench import e3, e3_inputs
+from services.cli.main import main
+
+
+@pytest.fixture
+def small(monkeypatch, tmp_path, models_dir):
+    """A private OFFRAMP_HOME (the bench's caches) and a smaller bench: a short trace, one
+    profiling pass, short streams."""
+    monkeypatch.setenv("OFFRAMP_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OFFRAMP_MODELS_DIR", str(models_dir))
+    monkeypatch.setattr(e3_inputs, "TRACE_SAMPLES", 600)
+    monkeypatch.setattr(e3_inputs, "PROFILE_PASSES", 1)
+    monkeypatch.setattr(e3, "MAX_REQUESTS", 3000)
+    monkeypatch.setattr(e3, "WARM_SAMPLES", 800)
+    monkeypatch.setattr(e3, "FORECAST_WINDOWS", 8)
+    return tmp_path
+
+
+def test_bench_e3_sim_on_tiny_writes_every_key(small, capsys):
+    out = small / "e3.json"
+    rc = main(["bench", "e3", "--sim", "--json", str(out), "--model", "tiny", "--devices", "4",
+               "--batches", "1,4", "--mixes", "80/20,20/80", "--requests", "400"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "simulated" and doc["model"] == "tiny"
+    for policy in ("vanilla", "naive_ee", "e3"):
+        assert set(doc[policy]) >= {"goodput_rps", "p50_ms", "p99_ms", "agreement", "cost"}
+        assert doc[policy]["goodput_rps"] > 0
+    assert doc["vanilla"]["agreement"] == 1.0
+    assert doc["device_class"]["modeled"] is True and "modeled" in doc["device_class"]["name"]
+    assert doc["optimizer_ms"] > 0 and doc["plan"]["feasible"]
+    assert "forecast_mape" in doc and set(doc["forecast"]) >= {"windows", "ramps"}
+    h = doc["headline"]
+    assert (h["devices"], h["batch"], h["mix"], h["modeled"]) == (4, 4, "80/20", True)
+    # every configuration: 2 classes (modeled A40, measured CPU) x 1 x 2 batches x 2 mixes
+    assert len(doc["runs"]) == 8
+    assert {(r["device_class"], r["modeled"]) for r in doc["runs"]} == \
+        {(doc["device_class"]["name"], True), (doc["device_classes"][1]["name"], False)}
+    for r in doc["runs"]:
+        for policy in ("vanilla", "naive_ee", "e3"):
+            s = r[policy]
+            assert s["answered"] + s["dropped"] == r["requests"]
+            assert "at_common_load" in s
+    assert doc["profile"]["measured_at"] and doc["trace"]["samples"] == 600
+    printed = capsys.readouterr().out
+    assert "SIMULATED" in printed and "MODELED" in printed and "optimizer:" in printed
+
+    # a rerun reuses the measured profile and the trace; --device-profile replaces the A40
+    gpu = small / "gpu.json"
+    gpu.write_text(json.dumps({"name": "my-gpu", "cost_per_s": 2.0,
+                               "full_ms": {"1": 1.0, "4": 1.2, "16": 2.0},
+                               "link": {"ms_per_byte": 1e-7, "fixed_ms": 0.01}}))
+    assert main(["bench", "e3", "--sim", "--json", str(out), "--model", "tiny", "--devices",
+                 "4", "--batches", "4", "--mixes", "50/50", "--requests", "400",
+                 "--device-profile", str(gpu)]) == 0
+    again = json.loads(out.read_text())
+    assert again["profile"]["cached"] and again["trace"]["cached"]
+    assert again["profile"]["measured_at"] == doc["profile"]["measured_at"]
+    c = again["device_class"]
+    assert (c["name"], c["modeled"], c["cost_per_s"]) == ("my-gpu", True, 2.0)
+    assert c["link"]["fixed_ms"] == 0.01 and again["headline"]["device_class"] == "my-gpu"
+    assert "my-gpu-modeled" in capsys.readouterr().out
+
+
+def test_bench_e3_without_sim_says_live_mode_is_not_there(small, capsys):
+    assert main(["bench", "e3", "--json", str(small / "x.json")]) == 2
+    assert "live mode" in capsys.readouterr().err

@@ -57,8 +57,8 @@ class ModelState:
     # ... of a batch sent to a worker that held nothing else: without the wait behind its
     # other batches. Screening for an idle worker uses it, so an estimate inflated by a
     # backlog cannot refuse every request as too late forever (nothing sent, no release,
-    # no update); set from service_ms at first
-    alone_ms: float = 0.0
+    # no update); starts at service_ms
+    alone_ms: float = field(init=False)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     no_worker_since: float | None = None
     latencies: deque = field(default_factory=lambda: deque(maxlen=2000))
@@ -73,7 +73,7 @@ class ModelState:
     waits_ms: list[list[float]] = field(default_factory=list)  # queue waits of batches sent
 
     def __post_init__(self) -> None:
-        self.alone_ms = self.alone_ms or self.service_ms
+        self.alone_ms = self.service_ms
 
 
 class ModelMetrics:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import random
 import sqlite3
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy.exc import IntegrityError
+
+T = TypeVar("T")
 
 # Several processes (every service of `offramp up`) write one SQLite file: wait for
 # the write lock instead of failing with "database is locked".
@@ -77,3 +82,16 @@ def naive_utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         return value
     return value.astimezone(UTC).replace(tzinfo=None)
+
+
+def retry_unique(fn: Callable[[], T], attempts: int = 20) -> T:
+    """Re-run `fn` when a concurrent writer won a unique-constraint race (PostgreSQL;
+    SQLite writers are serialised by BEGIN IMMEDIATE and never get here)."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except IntegrityError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(random.uniform(0, 0.002 * (attempt + 1)))
+    raise AssertionError("unreachable")

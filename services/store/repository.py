@@ -6,19 +6,18 @@ Sync SQLAlchemy on purpose: services call these methods through `asyncio.to_thre
 from __future__ import annotations
 
 import json
-import random
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime
 from types import SimpleNamespace
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 from sqlalchemy import Table, case, delete, func, insert, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from services.common.stats import percentile
-from services.store.db import IMMEDIATE, make_engine, naive_utc, utcnow
+from services.store.db import IMMEDIATE, make_engine, naive_utc, retry_unique, utcnow
+from services.store.plan_history import PlanHistory
 from services.store.rows import (
     ExitConfigRow,
     artifact_rows,
@@ -45,23 +44,8 @@ from services.store.tables import (
     Worker,
 )
 
-T = TypeVar("T")
 
-
-def _retry(fn: Callable[[], T], attempts: int = 20) -> T:
-    """Re-run `fn` when a concurrent writer won a unique-constraint race (PostgreSQL;
-    SQLite writers are serialised by BEGIN IMMEDIATE and never get here)."""
-    for attempt in range(attempts):
-        try:
-            return fn()
-        except IntegrityError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(random.uniform(0, 0.002 * (attempt + 1)))
-    raise AssertionError("unreachable")
-
-
-class Store:
+class Store(PlanHistory):
     """The performance-history store at `url` (SQLite file or PostgreSQL).
 
     The schema must exist: run `services.store.migrate.upgrade(url)` first.
@@ -87,7 +71,7 @@ class Store:
         """Upsert a prepared model by name; returns its id. Re-registering the same
         manifest and path changes nothing; anything else replaces artifacts and ramps."""
         manifest = json.loads(json.dumps(manifest))  # what the JSON column will hand back
-        return _retry(lambda: self._register(manifest, str(path)))
+        return retry_unique(lambda: self._register(manifest, str(path)))
 
     def _register(self, manifest: dict[str, Any], path: str) -> int:
         now = utcnow()
@@ -230,7 +214,7 @@ class Store:
                 conn.execute(insert(ExitConfig).values(**row))  # (model, version) is unique
             return exit_config_row(SimpleNamespace(**row))
 
-        return _retry(attempt)
+        return retry_unique(attempt)
 
     # -- telemetry history ---------------------------------------------------------
 
@@ -377,8 +361,10 @@ class Store:
         pid: int,
         status: str,
         last_seen: datetime,
+        device: str | None = None,
     ) -> None:
-        """Insert or refresh a worker (heartbeat). started_at resets when the process changed."""
+        """Insert or refresh a worker (heartbeat) on device class ``device``. started_at
+        resets when the process changed."""
         seen = naive_utc(last_seen)
         stmt = self._insert(Worker).values(
             worker_id=worker_id,
@@ -391,10 +377,12 @@ class Store:
             status=status,
             started_at=seen,
             last_seen=seen,
+            device=device,
         )
         new = stmt.excluded
         restarted = or_(Worker.pid != new.pid, Worker.host != new.host)
-        cols = ("model", "stage", "first_block", "last_block", "host", "pid", "status", "last_seen")
+        cols = ("model", "stage", "first_block", "last_block", "host", "pid", "status", "last_seen",
+                "device")
         stmt = stmt.on_conflict_do_update(
             index_elements=[Worker.worker_id],
             set_={

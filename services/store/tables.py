@@ -154,6 +154,9 @@ class Worker(Base):
     status: Mapped[str] = mapped_column(String(32))
     started_at: Mapped[datetime] = mapped_column(DateTime)
     last_seen: Mapped[datetime] = mapped_column(DateTime)
+    device: Mapped[str | None] = mapped_column(String(128), nullable=True)  # device class
+    # set while its batches run slower than its class's profile: plans leave it out
+    straggler_since: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class IngestedBatch(Base):
@@ -232,3 +235,43 @@ class RampHead(Base):
     serving_calibration: Mapped[float] = mapped_column(Float)  # expected calibration error
     calibration: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class BatchProfile(Base):
+    """How much of a batch survives one ramp in one profile window (E3 §3.1): observed once
+    the window is over, forecast (ARIMA, and the naive last value) before it began."""
+
+    __tablename__ = "batch_profiles"
+    __table_args__ = (UniqueConstraint("model", "window_start", "ramp"),
+                      Index(None, "model", "window_end"))
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    model: Mapped[str] = mapped_column(Name)
+    window_start: Mapped[datetime] = mapped_column(DateTime)
+    window_end: Mapped[datetime] = mapped_column(DateTime)
+    ramp: Mapped[int] = mapped_column(Integer)
+    config_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    samples: Mapped[int | None] = mapped_column(Integer, nullable=True)  # NULL: not observed yet
+    observed: Mapped[float | None] = mapped_column(Float, nullable=True)
+    forecast: Mapped[float | None] = mapped_column(Float, nullable=True)  # ARIMA: what plans use
+    forecast_naive: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[float | None] = mapped_column(Float, nullable=True)  # |forecast - observed|
+    drifted: Mapped[bool | None] = mapped_column(Boolean, nullable=True)  # window asked a re-plan
+
+
+class DeploymentPlanRecord(Base):
+    """A versioned deployment plan (E3 §3.2) of one model: the plan as broadcast, the
+    inputs it was computed from, and why it was made."""
+
+    __tablename__ = "deployment_plans"
+    __table_args__ = (UniqueConstraint("model", "version"), Index(None, "model", "created_at"))
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(Name)
+    version: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    reason: Mapped[str] = mapped_column(Text)  # 'timer', 'drift: ...', 'inventory: ...', ...
+    feasible: Mapped[bool] = mapped_column(Boolean)
+    goodput_rps: Mapped[float] = mapped_column(Float)  # expected
+    latency_ms: Mapped[float] = mapped_column(Float)   # expected worst case
+    cost: Mapped[float] = mapped_column(Float)         # device-seconds per 1,000 answers
+    plan: Mapped[dict[str, Any]] = mapped_column(Json)    # the broadcast plan message
+    inputs: Mapped[dict[str, Any]] = mapped_column(Json)  # forecast, rate, SLO, inventory

@@ -43,6 +43,7 @@ from services.common.hotpath import flush_now, publish_all, subscribe_direct
 from services.common.service_loop import spawn, supervise
 from services.exits.decide import ramp_outcome
 from services.exits.initial import initial_config, initial_ramps
+from services.runtime.devices import device_class
 from services.runtime.manifest import Manifest
 from services.runtime.stage import StageRuntime, spin_for
 from services.worker.feature_sampling import FeatureSampler
@@ -115,6 +116,7 @@ class Worker:
         self.stage_ms = sum(b.cost_ms for b in manifest.blocks[plan.first_block:plan.last_block]) + \
             sum(r.cost_ms for r in self.ramps)
         self.started = datetime.now(UTC).replace(tzinfo=None)
+        self.device = device_class(cfg.device)  # the profiles' key for this hardware
         stage = str(plan.stage)  # metric children made once, not per batch
         self.stage_seconds = metrics.STAGE_SECONDS.labels(plan.model, stage)
         self.batch_sizes = metrics.BATCH_SIZE.labels(plan.model, stage)
@@ -581,7 +583,7 @@ class Worker:
     def _store_heartbeat(self, host: str, pid: int, status: str) -> None:
         self.store.upsert_worker(self.id, self.plan.model, self.plan.stage, self.plan.first_block,
                                  self.plan.last_block, host, pid, status,
-                                 datetime.now(UTC).replace(tzinfo=None))
+                                 datetime.now(UTC).replace(tzinfo=None), self.device)
 
 
 async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: list[int]) -> None:

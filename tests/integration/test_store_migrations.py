@@ -27,6 +27,8 @@ TABLES = {
     "ramp_utilities",
     "tuner_state",
     "ramp_heads",
+    "batch_profiles",
+    "deployment_plans",
 }
 
 
@@ -44,7 +46,7 @@ def test_upgrade_creates_tables_and_indexes(url: str) -> None:
     assert migrate.current(url) is None
     migrate.upgrade(url)
     assert _tables(url) == TABLES
-    assert migrate.current(url) == migrate.head() == "0005_request_ids_unique"
+    assert migrate.current(url) == migrate.head() == "0006_e3_plans"
     engine = make_engine(url)
     try:
         insp = inspect(engine)
@@ -55,6 +57,8 @@ def test_upgrade_creates_tables_and_indexes(url: str) -> None:
         assert ("model", "device") in indexes["latency_profiles"]
         assert ("model", "at") in indexes["ramp_utilities"]
         assert ("model", "created_at") in indexes["ramp_heads"]
+        assert ("model", "window_end") in indexes["batch_profiles"]
+        assert ("model", "created_at") in indexes["deployment_plans"]
     finally:
         engine.dispose()
 

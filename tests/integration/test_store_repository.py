@@ -324,6 +324,8 @@ def test_workers_upsert(store: Store) -> None:
         "status": "busy",
         "started_at": t0,
         "last_seen": t0 + timedelta(seconds=1),
+        "device": None,
+        "straggler_since": None,
     }
     store.upsert_worker("w-a", "m", 0, 0, 3, "h1", 99, "up", t0 + timedelta(seconds=5))  # restarted
     assert store.workers("m")[0]["started_at"] == t0 + timedelta(seconds=5)

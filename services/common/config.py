@@ -47,6 +47,7 @@ class Config:
     # samples per worker; 0.25 keeps their cost (~6 % of a batch) within the 2 % ramp budget
     ramp_feature_rate: float = 0.25
     ramp_feature_max_per_s: float = 200.0
+    profile_window_s: float = 10.0  # batch-profile window of the profiler (E3 uses 2 min)
     refit: bool = True  # the tuner refits ramp heads from the features (needs a rate > 0)
     metrics_port: int | None = None  # None: no metrics (`offramp up` gives each child one)
     metrics_bind: str = "127.0.0.1"
@@ -81,6 +82,7 @@ class Config:
             "OFFRAMP_RAMP_FEATURE_RATE": str(self.ramp_feature_rate),
             "OFFRAMP_RAMP_FEATURE_MAX_PER_S": str(self.ramp_feature_max_per_s),
             "OFFRAMP_REFIT": "1" if self.refit else "0",
+            "OFFRAMP_PROFILE_WINDOW_S": str(self.profile_window_s),
             "OFFRAMP_METRICS_BIND": self.metrics_bind,
         }
         if self.nats_url:
@@ -117,6 +119,7 @@ DOCUMENTED = [
     ("OFFRAMP_ACCURACY_LOSS", "0.01", "accuracy constraint: largest allowed loss of agreement with the final model"),
     ("OFFRAMP_RAMP_BUDGET", "0.02", "worst-case latency the active ramps may add (their measured serving cost), as a share of the model's"),
     ("OFFRAMP_ADAPT", "0", "1: `offramp up` also runs the tuner (continual exit adaptation)"),
+    ("OFFRAMP_PROFILE_WINDOW_S", "10", "window of the profiler's batch profiles: survival after each ramp, observed and forecast (ARIMA) per window"),
     ("OFFRAMP_TUNER_NATIVE", "1", "0: the tuner climbs in Python instead of its compiled climb (same decisions; for comparison)"),
     ("OFFRAMP_NATS_PROCS", "0", "GOMAXPROCS of the NATS server `offramp up` starts (0 = 1 on machines of up to 4 cores, else Go's default)"),
     ("OFFRAMP_METRICS_PORT", "(unset: off; `offramp up`: a free port per service)", "port of a service's Prometheus `/metrics`; `offramp up` gives its services consecutive ports from it and lists them in `offramp status`"),
@@ -171,6 +174,7 @@ def _load() -> Config:
         ramp_feature_rate=_fraction("OFFRAMP_RAMP_FEATURE_RATE", "0.25"),
         ramp_feature_max_per_s=_non_negative_float("OFFRAMP_RAMP_FEATURE_MAX_PER_S", "200"),
         refit=_env("OFFRAMP_REFIT", "1") != "0",
+        profile_window_s=_positive_float("OFFRAMP_PROFILE_WINDOW_S", "10"),
         metrics_port=_port("OFFRAMP_METRICS_PORT"),
         metrics_bind=_env("OFFRAMP_METRICS_BIND", "127.0.0.1"),
         nats_credentials=Path(os.environ["OFFRAMP_NATS_CREDENTIALS"]).expanduser()
@@ -200,6 +204,13 @@ def _non_negative_float(name: str, default: str) -> float:
         raise ConfigError(f"{name}={text!r}: not a number") from None
     if not value >= 0 or value == float("inf"):
         raise ConfigError(f"{name}={value}: must be a finite number >= 0")
+    return value
+
+
+def _positive_float(name: str, default: str) -> float:
+    value = _non_negative_float(name, default)
+    if value == 0:
+        raise ConfigError(f"{name}=0: must be > 0")
     return value
 
 

@@ -1,23 +1,35 @@
-"""Profiler service: keeps a latency profile of every registered model for this machine's
-device class in the store.
+"""Profiler service, two roles, both reading and writing the store only (no bus needed):
 
-It polls the store's models (no bus needed: registration writes the store first) on start
-and every ``poll_s`` seconds, and profiles each model whose profile for this device class
-is missing, incomplete, or older than the model's registration (a new version). Measuring
-runs in a worker thread, one model at a time, so the event loop stays free to stop.
+- **latency profiles**: every registered model for this machine's device class. It polls
+  the store's models on start and every ``poll_s`` seconds, and profiles each model whose
+  profile for this device class is missing, incomplete, or older than the model's
+  registration (a new version). Measuring runs in a worker thread, one model at a time,
+  so the event loop stays free to stop.
+- **batch profiles** (E3 §3.1): every ``OFFRAMP_PROFILE_WINDOW_S``, for each model, the
+  survival after each active ramp in the windows that ended (from the request history),
+  the drift from the forecast made for them, and the next window's forecast (ARIMA and
+  naive), into ``batch_profiles``. The optimizer re-plans on a window marked drifted.
+  A window is profiled ``GRACE_S`` after it ends, so request records flushed late still
+  count; a restarted profiler resumes after the newest window stored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from datetime import datetime
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from threadpoolctl import threadpool_limits
+
 from services.common import logs, metrics
 from services.common.config import Config
+from services.profiler.batch_profile import window_start
 from services.profiler.latency import BATCH_SIZES, from_manifest, measure
+from services.profiler.survival_forecast import MAX_HISTORY
+from services.profiler.window_profile import WindowProfile, profile_window
 from services.runtime.devices import device_class
 from services.runtime.manifest import Manifest
 from services.runtime.timing import Cancelled
@@ -25,6 +37,8 @@ from services.store.repository import Store
 
 POLL_S = 30.0
 FAILED_RETRY_S = 600.0  # a model that failed to profile is tried again after this
+GRACE_S = 5.0  # routers flush request records within a second or two; 5 s leaves margin
+CATCH_UP_WINDOWS = 30  # a (re)started profiler profiles at most this many past windows
 
 
 def expected_keys(manifest: dict[str, Any], batch_sizes: tuple[int, ...]) -> set[tuple]:
@@ -134,12 +148,114 @@ class Profiler:
         return True
 
 
+def utc(t: float) -> datetime:
+    """Unix seconds as the store's naive UTC."""
+    return datetime.fromtimestamp(t, UTC).replace(tzinfo=None)
+
+
+def unix(t: datetime) -> float:
+    return t.replace(tzinfo=UTC).timestamp()
+
+
+class BatchProfiler:
+    """The batch-profile role (see the module docstring); synchronous: run it in a thread."""
+
+    def __init__(self, store: Any, log: Any, window_s: float = 10.0,
+                 grace_s: float = GRACE_S) -> None:
+        self.store = store
+        self.log = log
+        self.window_s = window_s
+        self.grace_s = grace_s
+        self.next_start: dict[str, float] = {}  # model -> first window not yet profiled
+
+    def poll(self, now: float) -> int:
+        """Profile every model's windows that ended ``grace_s`` before ``now`` (unix s);
+        returns how many windows held samples."""
+        return sum(self.poll_model(name, now) for name in self.store.model_names())
+
+    def poll_model(self, name: str, now: float) -> int:
+        w = self.window_s
+        start = self.next_start.get(name)
+        if start is None:
+            start = self._resume_at(name, now)
+        done = 0
+        while start + w <= now - self.grace_s:
+            done += int(self.profile(name, start) is not None)
+            start += w
+        self.next_start[name] = start
+        return done
+
+    def _resume_at(self, name: str, now: float) -> float:
+        """After the newest window observed, or ``CATCH_UP_WINDOWS`` back."""
+        w = self.window_s
+        earliest = window_start(now - self.grace_s, w) - CATCH_UP_WINDOWS * w
+        seen = [unix(r["window_start"]) for r in
+                self.store.batch_profiles(name, since=utc(earliest)) if r["samples"] is not None]
+        return max(seen) + w if seen else earliest
+
+    def profile(self, name: str, start: float) -> WindowProfile | None:
+        """Profile one window and store it; None when it held no sample or no ramp."""
+        w = self.window_s
+        counts, version = self.store.request_exits(name, utc(start), utc(start + w))
+        if not counts:
+            return None
+        config = self._config(name, version)
+        rows = self.store.batch_profiles(name, since=utc(start - MAX_HISTORY * w))
+        history: dict[int, list[float]] = {}
+        made: dict[int, float] = {}
+        for r in rows:
+            if unix(r["window_start"]) == start:
+                if r["forecast"] is not None:
+                    made[r["ramp"]] = r["forecast"]
+            elif r["observed"] is not None and unix(r["window_start"]) < start:
+                history.setdefault(r["ramp"], []).append(r["observed"])
+        wp = profile_window(counts, config.active if config else (), history, made or None)
+        if wp is None:
+            return None
+        self.store.record_observed(name, utc(start), utc(start + w), {
+            r: (wp.samples, s) for r, s in zip(wp.ramps, wp.observed, strict=True)},
+            version, wp.drifted)
+        self.store.record_forecast(name, utc(start + w), utc(start + 2 * w), {
+            r: (f, n) for r, f, n in zip(wp.ramps, wp.forecast, wp.naive, strict=True)}, version)
+        if wp.drifted:
+            self.log.info("batch profile drifted %s", logs.kv(
+                model=name, window=utc(start).isoformat(), error=round(wp.drift.max_error, 3),
+                observed=",".join(f"{r}:{s:.2f}" for r, s in zip(wp.ramps, wp.observed,
+                                                                 strict=True))))
+        return wp
+
+    def _config(self, name: str, version: int | None) -> Any:
+        """The exit config the window was served under (the newest when not recorded)."""
+        if version is not None:
+            for row in self.store.exit_configs(name, since_version=version - 1)[:1]:
+                if row.version == version:
+                    return row
+        return self.store.latest_exit_config(name)
+
+
+async def batch_profiles(batch: BatchProfiler, stop: asyncio.Event, log: Any) -> None:
+    """The batch-profile role's loop: one poll per window, in a thread (ARIMA fits)."""
+    while not stop.is_set():
+        try:
+            await asyncio.to_thread(batch.poll, time.time())
+        except Exception:  # store hiccup: the windows are profiled at the next poll
+            log.exception("batch profile poll failed")
+        try:
+            await asyncio.wait_for(stop.wait(), batch.window_s)
+        except TimeoutError:
+            pass
+
+
 async def serve_profiler(cfg: Config, stop: asyncio.Event, poll_s: float = POLL_S) -> None:
     """The service: ``run_service(lambda stop: serve_profiler(cfg, stop))``."""
     log = logs.setup("profiler", cfg.log_level)
+    threadpool_limits(1)  # ARIMA fits are tiny: BLAS threads would only fight the workers
     store = Store(cfg.database_url)
     profiler = Profiler(cfg, store, log)
-    log.info("profiler ready %s", logs.kv(device=profiler.device, poll_s=poll_s))
+    batch = asyncio.ensure_future(batch_profiles(
+        BatchProfiler(store, log, cfg.profile_window_s), stop, log))
+    log.info("profiler ready %s", logs.kv(device=profiler.device, poll_s=poll_s,
+                                           window_s=cfg.profile_window_s))
     try:
         while not stop.is_set():
             task = asyncio.ensure_future(profiler.poll())
@@ -158,4 +274,7 @@ async def serve_profiler(cfg: Config, stop: asyncio.Event, poll_s: float = POLL_
                 pass
     finally:
         profiler.cancel.set()
+        if not stop.is_set():  # failed: the batch loop would not end by itself
+            batch.cancel()
+        await asyncio.gather(batch, return_exceptions=True)  # its poll ends before the close
         store.close()

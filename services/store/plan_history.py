@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 
 from services.store.db import naive_utc, retry_unique, utcnow
-from services.store.tables import BatchProfile, DeploymentPlanRecord, Worker
+from services.store.tables import BatchProfile, DeploymentPlanRecord, Request, Worker
 
 PLAN_COLUMNS = ("model", "version", "created_at", "reason", "feasible", "goodput_rps",
                 "latency_ms", "cost", "plan", "inputs")
@@ -71,6 +71,20 @@ class PlanHistory:
                   "window_end": new.window_end, "config_version": new.config_version,
                   "error": func.abs(BatchProfile.forecast - new.observed)})
         return self._write_rows(stmt, rows)
+
+    def request_exits(self, model: str, start: datetime,
+                      end: datetime) -> tuple[dict[int | None, int], int | None]:
+        """Where the requests of ``model`` received in ``[start, end)`` and answered ok
+        left the model: ``{exit: count}`` (a ramp index, -1 or None for the final layer),
+        and the newest exit config version they were served under."""
+        r = Request
+        where = (r.model == model, r.status == "ok", r.received_at >= naive_utc(start),
+                 r.received_at < naive_utc(end))
+        with self.engine.connect() as conn:
+            counts = {e: int(n) for e, n in conn.execute(
+                select(r.exit, func.count()).where(*where).group_by(r.exit))}
+            version = conn.scalar(select(func.max(r.config_version)).where(*where))
+        return counts, None if version is None else int(version)
 
     def _write_rows(self, stmt: Any, rows: list[dict[str, Any]]) -> int:
         if rows:

@@ -33,6 +33,7 @@ POLICY_MODULES = {
     "services.optimizer.splits",
     "services.profiler.batch_profile",
     "services.profiler.survival_forecast",
+    "services.profiler.window_profile",
     "services.router.admission",
     "services.router.edf_queue",
     "services.router.policy",

@@ -1,0 +1,73 @@
+"""One profile window of one model, the profiler's decision (pure): from the exits of the
+window's requests, the survival after each tracked ramp, whether the forecast made for
+this window drifted from it, and the forecasts (ARIMA and naive) for the next window.
+
+Tracked ramps are the active ramps of the exit config the window's requests were served
+under, plus any ramp that answered some of them (a config changed inside the window).
+History is per ramp, oldest first, of earlier windows' observed survival.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.profiler.batch_profile import DRIFT_THRESHOLD, FINAL, Drift, compare, survival
+from services.profiler.survival_forecast import (
+    MAX_HISTORY,
+    ArimaForecaster,
+    Forecaster,
+    NaiveForecaster,
+    forecast_profile,
+)
+
+
+@dataclass(frozen=True)
+class WindowProfile:
+    ramps: tuple[int, ...]           # tracked ramps, ascending
+    samples: int
+    observed: tuple[float, ...]      # survival after each tracked ramp
+    drift: Drift | None              # None: no forecast was made for every tracked ramp
+    forecast: tuple[float, ...]      # next window, ARIMA (what plans use)
+    naive: tuple[float, ...]         # next window, last value
+
+    @property
+    def drifted(self) -> bool:
+        return self.drift is not None and self.drift.drifted
+
+
+def tracked_ramps(exit_counts: Mapping[int | None, int], active: Sequence[int]) -> tuple[int, ...]:
+    exited = {int(e) for e, n in exit_counts.items() if e is not None and e >= 0 and n > 0}
+    return tuple(sorted(exited | {int(r) for r in active}))
+
+
+def exits_of(exit_counts: Mapping[int | None, int]) -> np.ndarray:
+    """One exit per sample from ``{exit: count}`` (None is the final layer)."""
+    keys = [FINAL if e is None else int(e) for e in exit_counts]
+    return np.repeat(np.asarray(keys, dtype=np.int64),
+                     np.asarray([int(n) for n in exit_counts.values()], dtype=np.int64))
+
+
+def profile_window(exit_counts: Mapping[int | None, int], active: Sequence[int],
+                   history: Mapping[int, Sequence[float]],
+                   forecast_made: Mapping[int, float] | None = None,
+                   threshold: float = DRIFT_THRESHOLD,
+                   forecaster: Forecaster | None = None) -> WindowProfile | None:
+    """The window's profile, or None when it held no sample (nothing observed, which is
+    not "everything survived") or no ramp is tracked (vanilla: nothing to profile)."""
+    ramps = tracked_ramps(exit_counts, active)
+    exits = exits_of(exit_counts)
+    if not ramps or exits.size == 0:
+        return None
+    observed = survival(exits, ramps)
+    assert observed is not None  # exits is not empty
+    drift = None
+    if forecast_made is not None and all(r in forecast_made for r in ramps):
+        drift = compare([forecast_made[r] for r in ramps], observed, threshold)
+    series = [[*list(history.get(r, ()))[-(MAX_HISTORY - 1):], s]
+              for r, s in zip(ramps, observed, strict=True)]
+    arima = forecast_profile(series, forecaster or ArimaForecaster())
+    naive = forecast_profile(series, NaiveForecaster())
+    return WindowProfile(ramps, int(exits.size), observed, drift, arima, naive)

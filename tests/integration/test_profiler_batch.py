@@ -1,0 +1,80 @@
+"""The profiler's batch-profile role against a real store: windows of request history in,
+observed and forecast survival per ramp out, drift marked, resumable after a restart."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from services.profiler.service import BatchProfiler, utc
+from services.store import Store
+
+T0 = 1_800_000_000.0  # a window boundary (a multiple of 10 s)
+W = 10.0
+LOG = logging.getLogger("test")
+
+
+def _requests(store: Store, start: float, exits: dict[int, int], tag: str,
+              status: str = "ok", version: int = 1) -> None:
+    rows, k = [], 0
+    for exit_, n in exits.items():
+        for _ in range(n):
+            rows.append({"request_id": f"{tag}-{k}", "model": "m", "received_at":
+                         utc(start + 0.5 + k * 0.01), "status": status, "exit": exit_,
+                         "early": exit_ >= 0, "config_version": version})
+            k += 1
+    store.add_requests(rows)
+
+
+@pytest.fixture
+def served(store: Store) -> Store:
+    store.save_exit_config("m", {0: 0.5, 3: 0.5}, [0, 3], "latency", "test")
+    _requests(store, T0, {0: 2, 3: 3, -1: 5}, "a")
+    _requests(store, T0 + W, {0: 2, 3: 3, -1: 5}, "b")
+    _requests(store, T0 + W, {0: 9}, "e", status="deadline_exceeded")  # not answered: ignored
+    _requests(store, T0 + 2 * W, {0: 8, -1: 2}, "c")  # most now leave at ramp 0
+    return store
+
+
+def test_windows_are_profiled_forecast_and_judged_for_drift(served: Store) -> None:
+    bp = BatchProfiler(served, LOG, W, grace_s=5.0)
+    assert bp.poll_model("m", T0 + 3 * W + 5.0) == 3
+    rows = served.batch_profiles("m")
+    by_window: dict[float, dict[int, dict]] = {}
+    for r in rows:
+        by_window.setdefault(r["window_start"], {})[r["ramp"]] = r
+    w0, w1, w2, w3 = (by_window[utc(T0 + k * W)] for k in range(4))
+    assert {r: w0[r]["observed"] for r in w0} == pytest.approx({0: 0.8, 3: 0.5})
+    assert w0[0]["forecast"] is None and w0[0]["samples"] == 10
+    assert w1[3]["forecast"] == pytest.approx(0.5) and w1[3]["error"] == pytest.approx(0.0)
+    assert w1[0]["drifted"] is False and w1[0]["samples"] == 10  # the deadline misses: not in
+    assert w2[0]["observed"] == pytest.approx(0.2) and w2[3]["observed"] == pytest.approx(0.2)
+    assert w2[0]["drifted"] is True and w2[0]["error"] == pytest.approx(0.6)
+    assert w3[0]["observed"] is None and w3[0]["forecast"] is not None  # next window: forecast
+    assert all(r["config_version"] == 1 for r in rows)
+
+
+def test_a_window_is_left_until_its_grace_has_passed(served: Store) -> None:
+    bp = BatchProfiler(served, LOG, W, grace_s=5.0)
+    assert bp.poll_model("m", T0 + 3 * W + 4.0) == 2  # window 2 ended 4 s ago: not yet
+    assert bp.poll_model("m", T0 + 3 * W + 5.0) == 1
+
+
+def test_a_restarted_profiler_resumes_after_the_newest_window(served: Store) -> None:
+    BatchProfiler(served, LOG, W).poll_model("m", T0 + 3 * W + 5.0)
+    before = served.batch_profiles("m")
+    again = BatchProfiler(served, LOG, W)
+    assert again.poll_model("m", T0 + 3 * W + 5.0) == 0
+    assert served.batch_profiles("m") == before
+    _requests(served, T0 + 3 * W, {3: 5, -1: 5}, "d")
+    assert again.poll_model("m", T0 + 4 * W + 5.0) == 1
+
+
+def test_models_without_ramps_or_requests_store_nothing(store: Store) -> None:
+    store.save_exit_config("m", {}, [], "vanilla", "test")
+    _requests(store, T0, {-1: 10}, "v")
+    bp = BatchProfiler(store, LOG, W)
+    assert bp.poll_model("m", T0 + W + 5.0) == 0
+    assert bp.poll_model("idle", T0 + W + 5.0) == 0
+    assert store.batch_profiles("m") == []

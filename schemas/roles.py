@@ -54,7 +54,7 @@ ROLES: dict[str, Permissions] = {
     "worker": Permissions(
         publish=(REPLIES, f"{P}.stage.*.*", f"{P}.results.*", subjects.HEARTBEAT,
                  f"{P}.telemetry.samples.*", f"{P}.telemetry.requests.*", f"{P}.features.*"),
-        subscribe=(f"{P}.work.*", f"{P}.stage.*.*", f"{P}.config.*")),
+        subscribe=(f"{P}.work.*", f"{P}.stage.*.*", f"{P}.config.*", f"{P}.plan.*")),
     "monitor": Permissions(
         publish=(*STREAM_KEEP,
                  f"$JS.API.CONSUMER.CREATE.{STREAM}.>",
@@ -71,6 +71,8 @@ ROLES: dict[str, Permissions] = {
     # transport floor) on subjects of its own.
     "bench": Permissions(publish=(f"{P}.infer.>", subjects.MODELS, f"{P}.bench.>", REPLIES),
                          subscribe=(f"{P}.bench.>",)),
+    # Deployment plans to pool workers; heartbeats tell it how fast each worker runs.
+    "optimizer": Permissions(publish=(f"{P}.plan.*",), subscribe=(subjects.HEARTBEAT,)),
     "tuner": Permissions(
         publish=(f"{P}.config.*",),
         subscribe=(f"{P}.telemetry.samples.*", f"{P}.config.*", f"{P}.features.*")),

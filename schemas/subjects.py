@@ -37,6 +37,11 @@ def stage_queue(model: str, index: int) -> str:
     return f"stage-{model}-{index}"
 
 
+def plan(model: str) -> str:
+    """Versioned deployment plans of ``model``, from the optimizer to pool workers."""
+    return f"{PREFIX}.plan.{model}"
+
+
 def results(router_id: str) -> str:
     """Early and final results flowing back to the router that owns the requests."""
     return f"{PREFIX}.results.{router_id}"

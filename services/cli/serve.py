@@ -7,7 +7,7 @@ import os
 
 from services.common import config as config_mod
 
-SERVICES = ("router", "worker", "monitor", "profiler", "tuner")
+SERVICES = ("router", "worker", "monitor", "profiler", "tuner", "optimizer")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +33,9 @@ def run(args: argparse.Namespace) -> int:
         run_service(lambda stop: serve(cfg, stop))
     elif args.service == "tuner":
         from services.tuner.service import serve
+        run_service(lambda stop: serve(cfg, stop))
+    elif args.service == "optimizer":
+        from services.optimizer.service import serve
         run_service(lambda stop: serve(cfg, stop))
     elif args.service == "profiler":
         from services.profiler.service import serve_profiler

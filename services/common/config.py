@@ -48,6 +48,9 @@ class Config:
     ramp_feature_rate: float = 0.25
     ramp_feature_max_per_s: float = 200.0
     profile_window_s: float = 10.0  # batch-profile window of the profiler (E3 uses 2 min)
+    plan_interval_s: float = 120.0  # the optimizer re-plans at least this often
+    plan_slack: float = 0.2         # share of the SLO a plan keeps free (E3's slack)
+    plan_alpha: float = 1.0         # a plan costs at most alpha x vanilla serving
     refit: bool = True  # the tuner refits ramp heads from the features (needs a rate > 0)
     metrics_port: int | None = None  # None: no metrics (`offramp up` gives each child one)
     metrics_bind: str = "127.0.0.1"
@@ -83,6 +86,9 @@ class Config:
             "OFFRAMP_RAMP_FEATURE_MAX_PER_S": str(self.ramp_feature_max_per_s),
             "OFFRAMP_REFIT": "1" if self.refit else "0",
             "OFFRAMP_PROFILE_WINDOW_S": str(self.profile_window_s),
+            "OFFRAMP_PLAN_INTERVAL_S": str(self.plan_interval_s),
+            "OFFRAMP_PLAN_SLACK": str(self.plan_slack),
+            "OFFRAMP_PLAN_ALPHA": str(self.plan_alpha),
             "OFFRAMP_METRICS_BIND": self.metrics_bind,
         }
         if self.nats_url:
@@ -120,6 +126,9 @@ DOCUMENTED = [
     ("OFFRAMP_RAMP_BUDGET", "0.02", "worst-case latency the active ramps may add (their measured serving cost), as a share of the model's"),
     ("OFFRAMP_ADAPT", "0", "1: `offramp up` also runs the tuner (continual exit adaptation)"),
     ("OFFRAMP_PROFILE_WINDOW_S", "10", "window of the profiler's batch profiles: survival after each ramp, observed and forecast (ARIMA) per window"),
+    ("OFFRAMP_PLAN_INTERVAL_S", "120", "the optimizer re-plans at least this often (also on drift and when the pool changes)"),
+    ("OFFRAMP_PLAN_SLACK", "0.2", "share of the SLO a deployment plan keeps free; also the longest a stage holds a partial batch"),
+    ("OFFRAMP_PLAN_ALPHA", "1", "a deployment plan may cost at most this many times vanilla serving (device-seconds per answer)"),
     ("OFFRAMP_TUNER_NATIVE", "1", "0: the tuner climbs in Python instead of its compiled climb (same decisions; for comparison)"),
     ("OFFRAMP_NATS_PROCS", "0", "GOMAXPROCS of the NATS server `offramp up` starts (0 = 1 on machines of up to 4 cores, else Go's default)"),
     ("OFFRAMP_METRICS_PORT", "(unset: off; `offramp up`: a free port per service)", "port of a service's Prometheus `/metrics`; `offramp up` gives its services consecutive ports from it and lists them in `offramp status`"),
@@ -175,6 +184,9 @@ def _load() -> Config:
         ramp_feature_max_per_s=_non_negative_float("OFFRAMP_RAMP_FEATURE_MAX_PER_S", "200"),
         refit=_env("OFFRAMP_REFIT", "1") != "0",
         profile_window_s=_positive_float("OFFRAMP_PROFILE_WINDOW_S", "10"),
+        plan_interval_s=_positive_float("OFFRAMP_PLAN_INTERVAL_S", "120"),
+        plan_slack=_below_one("OFFRAMP_PLAN_SLACK", "0.2"),
+        plan_alpha=_positive_float("OFFRAMP_PLAN_ALPHA", "1"),
         metrics_port=_port("OFFRAMP_METRICS_PORT"),
         metrics_bind=_env("OFFRAMP_METRICS_BIND", "127.0.0.1"),
         nats_credentials=Path(os.environ["OFFRAMP_NATS_CREDENTIALS"]).expanduser()
@@ -211,6 +223,13 @@ def _positive_float(name: str, default: str) -> float:
     value = _non_negative_float(name, default)
     if value == 0:
         raise ConfigError(f"{name}=0: must be > 0")
+    return value
+
+
+def _below_one(name: str, default: str) -> float:
+    value = _non_negative_float(name, default)
+    if value >= 1:
+        raise ConfigError(f"{name}={value}: must lie in [0, 1)")
     return value
 
 

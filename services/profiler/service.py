@@ -209,7 +209,7 @@ class BatchProfiler:
                     made[r["ramp"]] = r["forecast"]
             elif r["observed"] is not None and unix(r["window_start"]) < start:
                 history.setdefault(r["ramp"], []).append(r["observed"])
-        wp = profile_window(counts, config.active if config else (), history, made or None)
+        wp = profile_window(counts, self._running(name, config), history, made or None)
         if wp is None:
             return None
         self.store.record_observed(name, utc(start), utc(start + w), {
@@ -223,6 +223,17 @@ class BatchProfiler:
                 observed=",".join(f"{r}:{s:.2f}" for r, s in zip(wp.ramps, wp.observed,
                                                                  strict=True))))
         return wp
+
+    def _running(self, name: str, config: Any) -> list[int]:
+        """The ramps that ran: the exit config's active ones, and under a deployment plan
+        only those its stages run (a ramp a plan switched off exits nothing, which says
+        nothing of what it would exit: its last forecast stands)."""
+        active = list(config.active) if config else []
+        plan = self.store.latest_plan(name, feasible=True)
+        if plan is None:
+            return active
+        running = {r for s in plan["plan"].get("stages", []) for r in s.get("active_ramps", [])}
+        return [r for r in active if r in running]
 
     def _config(self, name: str, version: int | None) -> Any:
         """The exit config the window was served under (the newest when not recorded)."""

@@ -86,6 +86,13 @@ class PlanHistory:
             version = conn.scalar(select(func.max(r.config_version)).where(*where))
         return counts, None if version is None else int(version)
 
+    def newest_drift(self, model: str) -> datetime | None:
+        """Start of the newest batch-profile window of ``model`` that drifted, or None."""
+        b = BatchProfile
+        with self.engine.connect() as conn:
+            return conn.scalar(select(func.max(b.window_start)).where(
+                b.model == model, b.drifted.is_(True)))
+
     def _write_rows(self, stmt: Any, rows: list[dict[str, Any]]) -> int:
         if rows:
             with self._writer.begin() as conn:
@@ -114,7 +121,8 @@ class PlanHistory:
                   latency_ms: float, cost: float, plan: dict[str, Any],
                   inputs: dict[str, Any]) -> dict[str, Any]:
         """Store the next version (previous + 1, or 1) of ``model``'s deployment plan;
-        returns the stored row. ``plan`` and ``inputs`` must be JSON-able."""
+        returns the stored row. ``plan`` and ``inputs`` must be JSON-able; a ``version``
+        key of ``plan`` is set to the version stored (the message names its own version)."""
         values = {"model": model, "reason": reason, "feasible": bool(feasible),
                   "goodput_rps": float(goodput_rps), "latency_ms": float(latency_ms),
                   "cost": float(cost), "plan": json.loads(json.dumps(plan)),
@@ -124,25 +132,31 @@ class PlanHistory:
             with self._writer.begin() as conn:
                 prev = conn.scalar(select(func.max(DeploymentPlanRecord.version))
                                    .where(DeploymentPlanRecord.model == model))
-                row = {**values, "version": (prev or 0) + 1, "created_at": utcnow()}
+                version = (prev or 0) + 1
+                row = {**values, "version": version, "created_at": utcnow(),
+                       "plan": {**values["plan"], **({"version": version}
+                                                    if "version" in values["plan"] else {})}}
                 conn.execute(insert(DeploymentPlanRecord).values(**row))  # version is unique
             return row
 
         return retry_unique(attempt)
 
-    def latest_plan(self, model: str) -> dict[str, Any] | None:
-        """The plan in force for ``model`` (its newest version), or None."""
-        rows = self._plans(model, newest=True)
+    def latest_plan(self, model: str, feasible: bool = False) -> dict[str, Any] | None:
+        """``model``'s newest plan, or None; ``feasible``: its newest feasible plan, the
+        one in force (workers keep their roles when no plan is feasible)."""
+        rows = self._plans(model, newest=True, feasible=feasible)
         return rows[0] if rows else None
 
     def deployment_plans(self, model: str, since_version: int = 0) -> list[dict[str, Any]]:
         """``model``'s plans with a version above ``since_version``, oldest first."""
         return self._plans(model, since_version=since_version)
 
-    def _plans(self, model: str, since_version: int = 0,
-               newest: bool = False) -> list[dict[str, Any]]:
+    def _plans(self, model: str, since_version: int = 0, newest: bool = False,
+               feasible: bool = False) -> list[dict[str, Any]]:
         d = DeploymentPlanRecord
         q = select(*(getattr(d, c) for c in PLAN_COLUMNS)).where(d.model == model)
+        if feasible:
+            q = q.where(d.feasible.is_(True))
         q = q.order_by(d.version.desc()).limit(1) if newest else \
             q.where(d.version > since_version).order_by(d.version)
         with self.engine.connect() as conn:

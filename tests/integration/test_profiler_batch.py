@@ -78,3 +78,12 @@ def test_models_without_ramps_or_requests_store_nothing(store: Store) -> None:
     assert bp.poll_model("m", T0 + W + 5.0) == 0
     assert bp.poll_model("idle", T0 + W + 5.0) == 0
     assert store.batch_profiles("m") == []
+
+
+def test_under_a_plan_only_the_ramps_it_runs_are_tracked(served: Store) -> None:
+    served.save_plan("m", "test", True, 1, 1, 1, {"stages": [{"active_ramps": [3]}]}, {})
+    BatchProfiler(served, LOG, W).poll_model("m", T0 + W + 5.0)
+    assert {r["ramp"] for r in served.batch_profiles("m")} == {0, 3}  # 0: some exited there
+    _requests(served, T0 + 5 * W, {3: 5, -1: 5}, "f")
+    BatchProfiler(served, LOG, W).poll_model("m", T0 + 6 * W + 5.0)
+    assert {r["ramp"] for r in served.batch_profiles("m", since=utc(T0 + 5 * W))} == {3}

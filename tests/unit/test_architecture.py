@@ -29,6 +29,8 @@ POLICY_MODULES = {
     "services.monitor.profile_windows",
     "services.optimizer.block_costs",
     "services.optimizer.exit_wrapper",
+    "services.optimizer.plan_inputs",
+    "services.optimizer.replan",
     "services.optimizer.split_search",
     "services.optimizer.splits",
     "services.profiler.batch_profile",

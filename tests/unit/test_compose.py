@@ -74,7 +74,7 @@ def test_compose_parses_and_has_required_services(services):
 
 def test_parser_rejects_bogus_commands():
     # The checks below are only worth something if a wrong command fails them.
-    for bogus in (["serve", "optimizer"], ["frobnicate"], "offramp serve-worker",
+    for bogus in (["serve", "planner"], ["frobnicate"], "offramp serve-worker",
                   ["db", "migrate"], ["offramp"], []):
         with pytest.raises(NotAnOfframpCommand):
             parse_offramp(bogus)

@@ -1,0 +1,51 @@
+"""When the optimizer makes a new plan (E3 §3.2 re-plans as the workload and the cluster
+change), pure: the first time, when the pool inventory changed (a worker joined, left, or
+was marked a straggler), when a batch-profile window drifted from its forecast since the
+last plan, and on a timer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+DEFAULT_INTERVAL_S = 120.0
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What the plan in force was made from."""
+
+    made_at: float                                # unix seconds
+    inventory: Mapping[str, Sequence[str]]        # device class -> pool worker ids
+    drift_seen: datetime | None                   # the newest drifted window it accounted for
+
+
+def inventory_change(old: Mapping[str, Sequence[str]],
+                     new: Mapping[str, Sequence[str]]) -> str | None:
+    """'+a -b' for workers that joined and left (by id, any class), None when the same."""
+    def flat(inv: Mapping[str, Sequence[str]]) -> set[str]:
+        return {f"{w}@{d}" for d, ids in inv.items() for w in ids}
+
+    joined, left = sorted(flat(new) - flat(old)), sorted(flat(old) - flat(new))
+    if not joined and not left:
+        return None
+    return " ".join([*(f"+{w}" for w in joined), *(f"-{w}" for w in left)])
+
+
+def replan_reason(basis: Basis | None, now: float, inventory: Mapping[str, Sequence[str]],
+                  newest_drift: datetime | None,
+                  interval_s: float = DEFAULT_INTERVAL_S) -> str | None:
+    """Why to plan now, or None to keep the plan in force."""
+    if basis is None:
+        return "first plan"
+    change = inventory_change(basis.inventory, inventory)
+    if change is not None:
+        return f"inventory: {change}"
+    if newest_drift is not None and (basis.drift_seen is None
+                                     or newest_drift > basis.drift_seen):
+        return f"drift: the window of {newest_drift.isoformat()} left its forecast"
+    if now - basis.made_at >= interval_s:
+        return f"timer: {interval_s:g} s since the last plan"
+    return None

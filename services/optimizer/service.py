@@ -1,0 +1,155 @@
+"""Optimizer service (E3 §3.2): turns the store's profiles, forecasts and pool inventory
+into versioned deployment plans for every served model, stores each with its inputs and
+reason, and broadcasts it on ``offramp.plan.<model>`` to the pool workers.
+
+Every profile window it looks at each model and plans when ``replan.replan_reason`` says
+so (first plan, pool change, drift, timer); it re-broadcasts the plan in force each time,
+so a worker that missed a message catches up within a window. A restarted optimizer
+resumes from the newest stored plan (its inputs say what it was made from).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from nats.aio.client import Client
+
+from schemas import subjects
+from schemas.plans import Plan
+from services.common import bus, logs
+from services.common.config import Config
+from services.optimizer import plan_inputs as pi
+from services.optimizer.replan import Basis, replan_reason
+from services.optimizer.splits import plan as make_plan
+from services.store.repository import Store
+
+STORE_HEARTBEAT_S = 2.0     # how often pool workers write their row (the worker's cadence)
+FRESH_S = 3 * STORE_HEARTBEAT_S  # a pool worker not seen for this long is not planned for
+RATE_WINDOWS = 3            # the request rate is measured over this many profile windows
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class Optimizer:
+    def __init__(self, nc: Client | None, cfg: Config, store: Any, log: Any) -> None:
+        self.nc = nc
+        self.cfg = cfg
+        self.store = store
+        self.log = log
+        self.targets = pi.Targets(slo_ms=cfg.default_slo_ms, batch=cfg.max_batch,
+                                  slack=cfg.plan_slack, alpha=cfg.plan_alpha)
+        self.basis: dict[str, Basis | None] = {}
+        self.plans = 0
+
+    def consider(self, model: str, now: float) -> tuple[Plan | None, bool]:
+        """The plan in force for ``model`` after this look (its newest feasible plan), and
+        whether this look made it."""
+        row = self.store.model(model)
+        if row is None:
+            return None, False
+        latest = self.store.latest_plan(model)
+        if model not in self.basis:
+            self.basis[model] = None if latest is None else basis_of(latest)
+        in_force = self.store.latest_plan(model, feasible=True)
+        inventory = pi.pool_inventory(self.store.workers(), utcnow(), FRESH_S)
+        drift = self.store.newest_drift(model)
+        reason = replan_reason(self.basis[model], now, inventory, drift, self.cfg.plan_interval_s)
+        if reason is None:
+            return (None if in_force is None else Plan.decode(in_force["plan"])), False
+        plan = self.plan(model, row["manifest"], reason, inventory, drift, in_force, now)
+        self.basis[model] = Basis(now, inventory, drift)
+        if not plan.feasible:  # the workers keep the roles of the plan in force
+            return (None if in_force is None else Plan.decode(in_force["plan"])), False
+        return plan, True
+
+    def plan(self, model: str, manifest: dict[str, Any], reason: str,
+             inventory: dict[str, tuple[str, ...]], drift: datetime | None,
+             latest: dict[str, Any] | None, now: float) -> Plan:
+        geo = pi.geometry(manifest)
+        tables = {d: t for d in inventory
+                  if (t := pi.latency_table(self.store.latency_profile(model, d), geo)) is not None}
+        forecast = pi.latest_forecast(self.store.batch_profiles(
+            model, since=utcnow() - timedelta(hours=1)))
+        span = RATE_WINDOWS * self.cfg.profile_window_s
+        rate = self.store.request_stats(model, utcnow() - timedelta(seconds=span))["count"] / span
+        problem = pi.problem(geo, forecast, tables, inventory, rate, self.targets)
+        started = time.perf_counter()
+        dp = make_plan(problem)
+        optimizer_ms = (time.perf_counter() - started) * 1e3
+        current = current_roles(latest)
+        workers = pi.assign(dp, inventory, current) if dp.feasible else []
+        unprofiled = sorted(set(inventory) - set(tables))
+        why = reason + ("" if dp.feasible else f"; no plan: {dp.reason}") + \
+            (f"; device classes without a latency profile: {', '.join(unprofiled)}"
+             if unprofiled else "")
+        probe = [r for r in geo.ramp_ids if r not in forecast]
+        inputs = {"rate_rps": rate, "slo_ms": self.targets.slo_ms, "batch": self.targets.batch,
+                  "slack": self.targets.slack, "alpha": self.targets.alpha,
+                  "inventory": {d: list(ids) for d, ids in inventory.items()},
+                  "forecast": {str(r): f for r, f in forecast.items()}, "probe_ramps": probe,
+                  "survival": list(problem.chain.survival),
+                  "link": {"ms_per_byte": self.targets.ms_per_byte,
+                           "fixed_ms": self.targets.fixed_ms, "source": "constant, modeled"},
+                  "drift_seen": None if drift is None else drift.isoformat(),
+                  "made_at": now, "optimizer_ms": optimizer_ms, "planner": dp.reason}
+        msg = pi.to_message(model, 1, why, geo, dp, workers, problem.hold_ms, now,
+                            {"probe_ramps": probe}, probe)
+        row = self.store.save_plan(model, why, dp.feasible, dp.goodput, dp.latency_ms, dp.cost,
+                                   msg.to_map(), inputs)
+        self.plans += 1
+        self.log.info("plan %s", logs.kv(model=model, version=row["version"], reason=why,
+                                         stages=len(msg.stages), cuts=msg.cuts,
+                                         goodput=round(dp.goodput, 1), ms=round(optimizer_ms, 1)))
+        return Plan.decode(row["plan"])
+
+    async def tick(self) -> None:
+        for model in self.cfg.models:
+            try:
+                plan, _new = await asyncio.to_thread(self.consider, model, time.time())
+            except Exception:  # store hiccup: the next window tries again
+                self.log.exception("planning %s failed", model)
+                continue
+            if plan is not None and self.nc is not None:
+                await self.nc.publish(subjects.plan(model), plan.encode())
+
+
+def basis_of(row: dict[str, Any]) -> Basis:
+    """What a stored plan was made from (its inputs), to resume after a restart."""
+    inputs = row.get("inputs") or {}
+    drift = inputs.get("drift_seen")
+    inventory = {d: tuple(ids) for d, ids in (inputs.get("inventory") or {}).items()}
+    return Basis(float(inputs.get("made_at", 0.0)), inventory,
+                 None if drift is None else datetime.fromisoformat(drift))
+
+
+def current_roles(row: dict[str, Any] | None) -> dict[str, tuple[int, int]]:
+    """Pool worker -> the block range it serves under the stored plan ``row``."""
+    if row is None or not row["feasible"]:
+        return {}
+    plan = Plan.decode(row["plan"])
+    return {w: (s.first_block, s.last_block) for s in plan.stages for w in s.workers}
+
+
+async def serve(cfg: Config, stop: asyncio.Event) -> None:
+    log = logs.setup("optimizer", cfg.log_level)
+    store = Store(cfg.database_url)
+    nc = await bus.connect_as(cfg, "optimizer", "offramp-optimizer")
+    optimizer = Optimizer(nc, cfg, store, log)
+    log.info("optimizer ready %s", logs.kv(models=",".join(cfg.models),
+                                           interval_s=cfg.plan_interval_s,
+                                           window_s=cfg.profile_window_s))
+    try:
+        while not stop.is_set():
+            await optimizer.tick()
+            try:
+                await asyncio.wait_for(stop.wait(), cfg.profile_window_s)
+            except TimeoutError:
+                pass
+    finally:
+        await bus.close(nc)
+        store.close()

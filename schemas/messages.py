@@ -20,7 +20,7 @@ from schemas.errors import ServingError
 from schemas.fields import FieldReader, is_int
 
 # what an exit config may name (services.exits.scores computes the score kinds)
-EXIT_MODES = ("latency",)
+EXIT_MODES = ("latency", "compute")
 MAX_ID_BYTES = 256  # a request id (UTF-8): every batch and record carries it
 SCORE_KINDS = ("max_softmax", "entropy", "margin")
 
@@ -137,6 +137,9 @@ class Batch:
     replies: list[str] = field(default_factory=list)  # client reply subject per id ([] = via router)
     ages_ms: list[float] = field(default_factory=list)  # per id: ms since the router admitted it
     slos_ms: list[float] = field(default_factory=list)  # per id: its SLO; an answer later is not sent
+    # compute mode: every row was answered already and runs on only as feedback (shadow
+    # work, served after real work)
+    shadow: bool = False
 
     def encode(self) -> bytes:
         return pack({"v": SCHEMA_VERSION, "batch_id": self.batch_id, "model": self.model,
@@ -145,7 +148,8 @@ class Batch:
                      "ramp_ids": self.ramp_ids, "ramp_pred": self.ramp_pred,
                      "ramp_score": self.ramp_score, "exit_at": self.exit_at,
                      "stage_ms": self.stage_ms, "carry": self.carry, "replies": self.replies,
-                     "ages_ms": self.ages_ms, "slos_ms": self.slos_ms})
+                     "ages_ms": self.ages_ms, "slos_ms": self.slos_ms,
+                     **({"shadow": True} if self.shadow else {})})
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> Batch:
@@ -159,7 +163,8 @@ class Batch:
                        carry=dict(msg.get("carry") or {}),
                        replies=list(msg.get("replies") or []),
                        ages_ms=[float(a) for a in msg.get("ages_ms") or []],
-                       slos_ms=[float(a) for a in msg.get("slos_ms") or []])
+                       slos_ms=[float(a) for a in msg.get("slos_ms") or []],
+                       shadow=bool(msg.get("shadow")))
         except (KeyError, TypeError, ValueError) as exc:
             raise _bad(f"malformed batch: {exc!r}") from None
 

@@ -18,6 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ec.add_argument("--head", action="append", default=[], metavar="RAMP=VERSION",
                     help="serve this stored head version of a ramp (0: the prepared head); "
                     "rolls back a refit. Later refits must beat it to replace it")
+    ec.add_argument("--mode", choices=("latency", "compute"),
+                    help="latency: exited samples run on to the end (Apparate); compute: they "
+                    "leave the batch (E3). Default: the mode in force")
     ec.add_argument("--reason", default="set by hand (offramp exit-config)")
     ec.set_defaults(fn=run)
 
@@ -27,4 +30,4 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_mod.load()
     return set_exit_config(cfg, server_url(cfg), args.model, args.threshold, args.set,
-                           args.active, args.reason, args.head)
+                           args.active, args.reason, args.head, args.mode)

@@ -47,6 +47,7 @@ class Config:
     # samples per worker; 0.25 keeps their cost (~6 % of a batch) within the 2 % ramp budget
     ramp_feature_rate: float = 0.25
     ramp_feature_max_per_s: float = 200.0
+    shadow_rate: float = 0.05  # compute mode: share of requests kept as feedback (shadow)
     profile_window_s: float = 10.0  # batch-profile window of the profiler (E3 uses 2 min)
     plan_interval_s: float = 120.0  # the optimizer re-plans at least this often
     plan_slack: float = 0.2         # share of the SLO a plan keeps free (E3's slack)
@@ -85,6 +86,7 @@ class Config:
             "OFFRAMP_RAMP_FEATURE_RATE": str(self.ramp_feature_rate),
             "OFFRAMP_RAMP_FEATURE_MAX_PER_S": str(self.ramp_feature_max_per_s),
             "OFFRAMP_REFIT": "1" if self.refit else "0",
+            "OFFRAMP_SHADOW_RATE": str(self.shadow_rate),
             "OFFRAMP_PROFILE_WINDOW_S": str(self.profile_window_s),
             "OFFRAMP_PLAN_INTERVAL_S": str(self.plan_interval_s),
             "OFFRAMP_PLAN_SLACK": str(self.plan_slack),
@@ -125,6 +127,7 @@ DOCUMENTED = [
     ("OFFRAMP_ACCURACY_LOSS", "0.01", "accuracy constraint: largest allowed loss of agreement with the final model"),
     ("OFFRAMP_RAMP_BUDGET", "0.02", "worst-case latency the active ramps may add (their measured serving cost), as a share of the model's"),
     ("OFFRAMP_ADAPT", "0", "1: `offramp up` also runs the tuner (continual exit adaptation)"),
+    ("OFFRAMP_SHADOW_RATE", "0.05", "compute mode: share of requests (a seeded hash of the id) whose records are complete feedback; those that exit run on to the final layer as low-priority shadow work"),
     ("OFFRAMP_PROFILE_WINDOW_S", "10", "window of the profiler's batch profiles: survival after each ramp, observed and forecast (ARIMA) per window"),
     ("OFFRAMP_PLAN_INTERVAL_S", "120", "the optimizer re-plans at least this often (also on drift and when the pool changes)"),
     ("OFFRAMP_PLAN_SLACK", "0.2", "share of the SLO a deployment plan keeps free; also the longest a stage holds a partial batch"),
@@ -183,6 +186,7 @@ def _load() -> Config:
         ramp_feature_rate=_fraction("OFFRAMP_RAMP_FEATURE_RATE", "0.25"),
         ramp_feature_max_per_s=_non_negative_float("OFFRAMP_RAMP_FEATURE_MAX_PER_S", "200"),
         refit=_env("OFFRAMP_REFIT", "1") != "0",
+        shadow_rate=_fraction("OFFRAMP_SHADOW_RATE", "0.05"),
         profile_window_s=_positive_float("OFFRAMP_PROFILE_WINDOW_S", "10"),
         plan_interval_s=_positive_float("OFFRAMP_PLAN_INTERVAL_S", "120"),
         plan_slack=_below_one("OFFRAMP_PLAN_SLACK", "0.2"),

@@ -33,6 +33,13 @@ class ShadowSampler:
         digest = hashlib.blake2b(request_id.encode(), digest_size=8, key=self.key).digest()
         return int.from_bytes(digest, "little") < self.cut
 
+    def selected(self, request_ids: list[str]) -> np.ndarray:
+        """Boolean mask over a batch: the samples in the feedback sample, exited or not.
+        An exited one runs on as shadow work; all of them are what compute-mode telemetry
+        reports, an unbiased sample of the stream with every record complete."""
+        return np.fromiter((self.picks(r) for r in request_ids), dtype=bool,
+                           count=len(request_ids))
+
     def mask(self, request_ids: list[str], exited: np.ndarray) -> np.ndarray:
         """Boolean mask over a batch: exited samples chosen to run on as shadow work."""
         out = np.zeros(len(request_ids), dtype=bool)

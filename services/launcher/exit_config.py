@@ -38,7 +38,7 @@ def pinned_heads(store: Store, model: str, current: dict[int, str], pins: list[s
 
 def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | None,
                     sets: list[str], active: str | None, reason: str,
-                    head_pins: list[str] | None = None) -> int:
+                    head_pins: list[str] | None = None, mode: str | None = None) -> int:
     store = Store(cfg.database_url)
     try:
         ramps = [r["idx"] if "idx" in r else r["index"] for r in store.ramps(model)]
@@ -55,6 +55,7 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
             return 2
         latest = store.latest_exit_config(model)
         thresholds = dict(latest.thresholds) if latest else {r: 0.0 for r in ramps}
+        mode = mode or (latest.mode if latest else "latency")
         if threshold is not None:
             thresholds = {r: threshold for r in active_ramps}
         for s in sets:
@@ -67,11 +68,11 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
                 raise ValueError(f"unknown ramp(s) {sorted(set(thresholds) - set(ramps))}; "
                                  f"model has {ramps}")
             # what workers would refuse is not stored either
-            ExitConfig(model, 0, "latency", thresholds, active_ramps, heads=heads).check()
+            ExitConfig(model, 0, mode, thresholds, active_ramps, heads=heads).check()
         except ValueError as exc:
             print(f"error: {exc}")
             return 2
-        row = store.save_exit_config(model, thresholds, active_ramps, "latency", reason, heads)
+        row = store.save_exit_config(model, thresholds, active_ramps, mode, reason, heads)
     finally:
         store.close()
     config = ExitConfig(model, row.version, row.mode, dict(row.thresholds), list(row.active),
@@ -86,7 +87,7 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
 
     try:
         asyncio.run(publish())
-        print(f"exit config v{row.version} for {model}: thresholds={row.thresholds} "
+        print(f"exit config v{row.version} for {model} ({row.mode} mode): thresholds={row.thresholds} "
               f"active={row.active} heads={row.heads or 'prepared'}")
     except RuntimeError as exc:
         print(f"stored exit config v{row.version}; not broadcast ({exc}); workers load it on start")

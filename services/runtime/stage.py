@@ -614,17 +614,18 @@ class StageRuntime:
         return out, _Layout(logits=bool(fused), features=tuple(
             (base + k, r.index, None) for k, r in enumerate(sited)))
 
-    def warm(self, active, heads: Mapping[int, str] | None = None, features: bool = False
-             ) -> None:
+    def warm(self, active, heads: Mapping[int, str] | None = None, features: bool = False,
+             split: bool = False) -> None:
         """Build the sessions an exit config with ``active`` ramps and ``heads`` needs
         (with every site's features: ``features``) before it is applied: the tapped stage,
-        else the split ranges (each with its first ramp) and the heads run apart. ValueError
-        when ``heads`` names a bad file for a ramp of this stage."""
+        else (or with ``split``: compute mode, where the batch shrinks at each ramp) the
+        split ranges (each with its first ramp) and the heads run apart. ValueError when
+        ``heads`` names a bad file for a ramp of this stage."""
         for r in self.ramps:
             if heads and r.index in heads:
                 self._head(r.index, heads)  # checks (and loads) every head the config names
         here = active_in_order(self.ramps, active)
-        if (here or features) and self.tapped(here, heads, features) is not None:
+        if not split and (here or features) and self.tapped(here, heads, features) is not None:
             return
         after = ramps_after_blocks(self.ramps, active)
         for a, b in block_ranges(self.first_block, self.last_block, set(after)):

@@ -91,6 +91,7 @@ class ModelTuner:
         self.next_version: dict[int, int] = {}  # ramp -> version its next refit gets
         self.refitting = False
         self.refit_ms: list[float] = []
+        self.mode = "latency"  # the exit mode of the config in force: the tuner keeps it
 
 
 def wire_evidence(tuner: ModelTuner) -> None:
@@ -132,6 +133,8 @@ class Tuner:
         if tuner is None:
             tuner = ModelTuner(name, self._fresh(manifest, latest),
                                latest.version if latest else 0, manifest, heads)
+        if latest is not None:
+            tuner.mode = latest.mode
         self._start_learning(tuner)
         return tuner
 
@@ -285,9 +288,9 @@ class Tuner:
         thresholds.update({int(r): float(t) for r, t in zip(d.active, d.thresholds, strict=True)})
         reason = f"tuner {d.trigger}/{d.action}: {d.reason}"
         row = await asyncio.to_thread(self.store.save_exit_config, tuner.name, thresholds,
-                                      list(d.active), "latency", reason[:2000], tuner.heads)
+                                      list(d.active), tuner.mode, reason[:2000], tuner.heads)
         tuner.deployed = row.version
-        config = ExitConfig(tuner.name, row.version, "latency", thresholds, list(d.active),
+        config = ExitConfig(tuner.name, row.version, tuner.mode, thresholds, list(d.active),
                             tuner.controller.score, dict(tuner.heads))
         await self.nc.publish(subjects.exit_config(tuner.name), config.encode())
         metrics.TUNER_CONFIGS.labels(tuner.name, d.trigger).inc()  # rare: no child kept
@@ -315,6 +318,7 @@ class Tuner:
             latest = await asyncio.to_thread(self.store.latest_exit_config, config.model)
             tuner.controller = self._fresh(manifest, latest)
             tuner.deployed = latest.version if latest is not None else config.version
+            tuner.mode = latest.mode if latest is not None else config.mode
             heads = dict(latest.heads) if latest is not None else dict(config.heads)
             await asyncio.to_thread(self._adopt_heads, tuner, heads)
             wire_evidence(tuner)

@@ -43,9 +43,11 @@ from services.common.hotpath import flush_now, publish_all, subscribe_direct
 from services.common.service_loop import spawn, supervise
 from services.exits.decide import ramp_outcome
 from services.exits.initial import initial_config, initial_ramps
+from services.exits.shadow import ShadowSampler
 from services.runtime.devices import device_class
 from services.runtime.manifest import Manifest
 from services.runtime.stage import StageRuntime, spin_for
+from services.worker.compute_mode import COMPUTE, ComputeMode, Fused
 from services.worker.feature_sampling import FeatureSampler
 from services.worker.feedback_backlog import FeedbackBacklog, SetAside
 from services.worker.stage_exec import StageOutcome, execute
@@ -80,7 +82,7 @@ def ramp_records(out: StageOutcome, n: int) -> tuple[np.ndarray, np.ndarray]:
     return pred, score
 
 
-class Worker:
+class Worker(ComputeMode):
     def __init__(self, nc: Client, cfg: Config, plan: StagePlan, manifest: Manifest,
                  runtime: StageRuntime, store, log) -> None:
         self.nc = nc
@@ -111,12 +113,16 @@ class Worker:
         # refits); only the last stage knows the final answers they are labelled with
         self.sampler = FeatureSampler(cfg.ramp_feature_rate, cfg.ramp_feature_max_per_s)
         self.want_features = plan.is_last and bool(self.ramps) and self.sampler.enabled
+        self.shadow = ShadowSampler(cfg.shadow_rate)  # compute mode's feedback sample
         self.stopping = False
         self.batches = 0
         self.stage_ms = sum(b.cost_ms for b in manifest.blocks[plan.first_block:plan.last_block]) + \
             sum(r.cost_ms for r in self.ramps)
         self.started = datetime.now(UTC).replace(tzinfo=None)
         self.device = device_class(cfg.device)  # the profiles' key for this hardware
+        # compute mode: later stages fuse to the router's batch size, holding a partial
+        # batch at most the plan's slack of the default SLO
+        self.init_compute(cfg.max_batch, cfg.plan_slack * cfg.default_slo_ms)
         stage = str(plan.stage)  # metric children made once, not per batch
         self.stage_seconds = metrics.STAGE_SECONDS.labels(plan.model, stage)
         self.batch_sizes = metrics.BATCH_SIZE.labels(plan.model, stage)
@@ -134,8 +140,12 @@ class Worker:
             self.log.error("dropping malformed batch: %r", exc)
             return
         received = time.monotonic()
-        if self.plan.stage == 0:
+        if self.plan.stage == 0 and not batch.shadow:
             self.held.add(batch.batch_id)  # listed by heartbeats until released
+        if self.mode() == COMPUTE or batch.shadow:
+            self.accept_compute(batch, received)
+            self.held_gauge.set(self.queue.qsize() + self.busy)
+            return
         if self.queue.empty() and not self.busy and self._is_inline(batch):
             self.process_inline(batch, received)  # idle and trivial: no hand-off to the run task
         else:
@@ -189,9 +199,16 @@ class Worker:
     def warm(self, config: ExitConfig) -> None:
         """Build the sessions ``config`` needs: with feature outputs too, for the batches
         that carry sampled rows, when this worker samples features."""
+        if config.mode == COMPUTE:  # no features: compute mode's feedback is shadow work
+            self.runtime.warm(config.active, config.heads, False, split=True)
+            return
         self.runtime.warm(config.active, config.heads, False)
         if self.want_features:
             self.runtime.warm(config.active, config.heads, True)
+
+    def mode(self) -> str:
+        """The exit mode the next batch runs in."""
+        return (self.next_config or self.config).mode
 
     def _newest_version(self) -> int:
         return max(self.config.version, self.next_config.version if self.next_config else -1)
@@ -223,8 +240,15 @@ class Worker:
             if self.queue.empty() and self.backlog:
                 await self.process_set_aside()
                 continue
+            if self.queue.empty() and self.shadow_work:  # feedback only: after real work
+                await self.process_fused(Fused([self.shadow_work.popleft()]))
+                continue
             batch, received = await self.queue.get()
-            if self._is_inline(batch):
+            if batch is None:  # a wake-up: shadow work arrived while idle
+                continue
+            if isinstance(batch, Fused):
+                await self.process_fused(batch)
+            elif self._is_inline(batch):
                 self.process_inline(batch, received)
             else:
                 await self.process_threaded(batch, received)
@@ -270,6 +294,18 @@ class Worker:
             await self.loop.run_in_executor(None, self.compute, batch, self.config, received)
         except Exception as exc:  # noqa: BLE001 - answered as a failed batch
             self._fail(batch, exc)
+        finally:
+            self._end()
+
+    async def process_fused(self, job: Fused) -> None:
+        """A compute-mode batch (fused parts, or one) in a thread."""
+        self._begin(inline=False)
+        try:
+            await self.loop.run_in_executor(None, self.compute_fused, job, self.config)
+        except Exception as exc:  # noqa: BLE001 - each part answered as a failed batch
+            for b, _received in job.parts:
+                if not b.shadow:
+                    self._fail(b, exc)
         finally:
             self._end()
 
@@ -410,15 +446,22 @@ class Worker:
                     ramp_pred, ramp_score, out.exit_at, stage_ms,
                     {k: model_inputs[k] for k in self.carry}, batch.replies,
                     [a + waited for a in batch.ages_ms], batch.slos_ms).encode()
-        if len(nxt) > self.nc.max_payload:
-            raise ServingError(errors.PAYLOAD_TOO_LARGE,
-                               f"activations after block {self.plan.last_block - 1} are "
-                               f"{len(nxt)} bytes, over the NATS max_payload of "
-                               f"{self.nc.max_payload}: cut the model later or use smaller "
-                               f"batches")
-        self._publish_threadsafe([(subjects.stage(self.plan.model, self.plan.stage + 1), nxt)])
+        self._publish_threadsafe([(self.next_stage_subject(), self.checked_size(nxt))])
         if self.plan.stage == 0:
             self._release(batch, config)
+
+    def next_stage_subject(self) -> str:
+        return subjects.stage(self.plan.model, self.plan.stage + 1)
+
+    def checked_size(self, data: bytes) -> bytes:
+        """``data`` when the bus can carry it, else the error that says what to change."""
+        if len(data) > self.nc.max_payload:
+            raise ServingError(errors.PAYLOAD_TOO_LARGE,
+                               f"activations after block {self.plan.last_block - 1} are "
+                               f"{len(data)} bytes, over the NATS max_payload of "
+                               f"{self.nc.max_payload}: cut the model later or use smaller "
+                               f"batches")
+        return data
 
     def record_telemetry(self, batch: Batch, config: ExitConfig, out: StageOutcome,
                          labels: np.ndarray, scores: np.ndarray, stage_ms: list[float]) -> None:
@@ -619,6 +662,7 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
                                queue=subjects.stage_queue(model, stage))
     supervise("heartbeat", lambda: worker.heartbeat_loop(stop), worker.tasks, log)
     supervise("telemetry", lambda: worker.telemetry_loop(stop), worker.tasks, log)
+    supervise("fusion", lambda: worker.fusion_loop(stop), worker.tasks, log)
     runner = supervise("batches", lambda: worker.run(stop), worker.tasks, log)
     log.info("worker ready %s", logs.kv(id=worker.id, blocks=f"{first}:{last}",
                                        ramps=[r.index for r in worker.ramps],
@@ -629,6 +673,8 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
     worker.stopping = True
     runner.cancel()
     await worker.drain_feedback()
+    for held in worker.hand_back_fused():  # partial batches waiting for company: run now
+        await worker.process_fused(Fused([held]))
     if worker.backlog.cut:
         log.info("feedback runs set aside for waiting requests %s",
                  logs.kv(cut=worker.backlog.cut, rerun=worker.backlog.rerun))

@@ -88,3 +88,75 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
                 record(r, fused if k == 0 else runtime.run_ramp(r, x, model_inputs, **opts))
     return StageOutcome(as_numpy(x), ids, preds, scores, exit_at,
                         (time.perf_counter() - t0) * 1e3, feats)
+
+
+@dataclass(slots=True)
+class ComputeOutcome:
+    """A stage run in compute mode: only ``rows`` (positions in the incoming batch) are
+    still in the batch at its end, ``output`` holds theirs."""
+
+    output: np.ndarray
+    rows: np.ndarray            # int64 positions of the rows ``output`` holds
+    ramp_ids: list[int]
+    ramp_pred: list[np.ndarray]  # per ramp, one entry per incoming row (-1: not evaluated)
+    ramp_score: list[np.ndarray]  # per ramp, NaN where not evaluated
+    exit_at: np.ndarray
+    ms: float
+
+
+def _take(value, keep: np.ndarray):
+    if isinstance(value, dict):
+        return {k: as_numpy(v)[keep] for k, v in value.items()}
+    return as_numpy(value)[keep]
+
+
+def execute_compute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray,
+                    config: ExitConfig, on_early: EarlyCallback | None, keep: np.ndarray,
+                    ramp_ids: list[int] | None = None,
+                    ramp_pred: list[np.ndarray] | None = None,
+                    ramp_score: list[np.ndarray] | None = None,
+                    model_inputs: dict[str, np.ndarray] | None = None) -> ComputeOutcome:
+    """Blocks ``first..last-1`` in compute mode (E3): after each active ramp the rows that
+    exited there leave the batch, unless ``keep`` marks them (shadow work, which runs on to
+    the final layer for feedback). Exits are answered through ``on_early`` with positions
+    in the incoming batch. The stage runs as block ranges between active ramps (the batch
+    changes size there), never as one tapped call."""
+    if model_inputs is None and isinstance(x, dict):
+        model_inputs = x
+    t0 = time.perf_counter()
+    n = len(exit_at)
+    ids, preds, scores = list(ramp_ids or []), list(ramp_pred or []), list(ramp_score or [])
+    heads = getattr(config, "heads", None) or None
+    opts = {"heads": heads} if heads else {}
+    rows = np.flatnonzero((exit_at < 0) | keep).astype(np.int64)
+    if len(rows) < n:  # rows that arrive answered and not kept (never, from a stage before)
+        x, model_inputs = _take(x, rows), _take(model_inputs, rows) if model_inputs else None
+    here = active_in_order(ramps, config.active)
+    ramp_after = ramps_after_blocks(ramps, here)
+    for start, end in block_ranges(first, last, set(ramp_after)):
+        if rows.size == 0:
+            break
+        at = ramp_after.get(end - 1, [])
+        x, fused = runtime.run_range(start, end, x, model_inputs, at[0] if at else None, **opts)
+        for k, r in enumerate(at):
+            logits = fused if k == 0 else runtime.run_ramp(r, x, model_inputs, **opts)
+            labels, score = ramp_outcome(logits, config.score)
+            pred_row = np.full(n, -1, np.int32)
+            score_row = np.full(n, np.nan, np.float32)
+            pred_row[rows], score_row[rows] = labels, score
+            ids.append(r)
+            preds.append(pred_row)
+            scores.append(score_row)
+            mask = exits_at(r, score, exit_at[rows], config)
+            if mask.any():
+                exit_at[rows[mask]] = r
+                if on_early is not None:
+                    on_early(r, rows[mask], labels[mask], score[mask], logits[mask])
+        stay = (exit_at[rows] < 0) | keep[rows]
+        if not stay.all():
+            x = _take(x, stay)
+            model_inputs = _take(model_inputs, stay) if model_inputs else None
+            rows = rows[stay]
+    out = as_numpy(x) if rows.size else np.zeros((0,), np.float32)
+    return ComputeOutcome(out, rows, ids, preds, scores, exit_at,
+                          (time.perf_counter() - t0) * 1e3)

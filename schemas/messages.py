@@ -148,8 +148,7 @@ class Batch:
                      "ramp_ids": self.ramp_ids, "ramp_pred": self.ramp_pred,
                      "ramp_score": self.ramp_score, "exit_at": self.exit_at,
                      "stage_ms": self.stage_ms, "carry": self.carry, "replies": self.replies,
-                     "ages_ms": self.ages_ms, "slos_ms": self.slos_ms,
-                     **({"shadow": True} if self.shadow else {})})
+                     "ages_ms": self.ages_ms, "slos_ms": self.slos_ms, "shadow": self.shadow})
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> Batch:

@@ -718,3 +718,15 @@ def test_malformed_request_telemetry_is_refused(change: dict, fragments: tuple) 
     msg.update(change)
     msg = {k: v for k, v in msg.items() if v is not None}
     assert_refused(RequestTelemetry.decode, msg, "request telemetry", *fragments)
+
+
+def test_deployment_plan_fields() -> None:
+    from schemas.plans import Plan, StageRole
+
+    plan = Plan("m", 2, "timer", True, 4, (StageRole(0, 0, 4, "cpu-2c", 16, 200.0, (1,),
+                                                     ("pool-a",)),), 10.0, 50.0, 3.0, t=1.0)
+    msg = client_decode(plan.encode())
+    assert set(msg) - {"v"} == table_fields(readme_section("Deployment plan"))
+    section = readme_section("Deployment plan")
+    assert all(f"`{k}`" in section for k in msg["stages"][0])
+    assert Plan.decode(msg) == plan

@@ -28,13 +28,15 @@ def work(worker_id: str) -> str:
     return f"{PREFIX}.work.{worker_id}"
 
 
-def stage(model: str, index: int) -> str:
-    """Activations for stage ``index`` of ``model`` (queue group per stage)."""
-    return f"{PREFIX}.stage.{model}.{index}"
+def stage(model: str, block: int) -> str:
+    """Activations for the stage of ``model`` that starts at block ``block`` (queue group
+    per stage). Keyed by block, not stage number, so a stage keeps its subject across
+    layouts and deployment plans that cut at the same block."""
+    return f"{PREFIX}.stage.{model}.{block}"
 
 
-def stage_queue(model: str, index: int) -> str:
-    return f"stage-{model}-{index}"
+def stage_queue(model: str, block: int) -> str:
+    return f"stage-{model}-{block}"
 
 
 def plan(model: str) -> str:

@@ -16,6 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--model")
     serve.add_argument("--stage", type=int, default=0)
     serve.add_argument("--cuts", default="", help="comma list of block indices where stages split")
+    serve.add_argument("--pool", action="store_true",
+                       help="worker: no fixed stage; take one from the deployment plan in force")
     serve.set_defaults(fn=run)
 
 
@@ -41,10 +43,13 @@ def run(args: argparse.Namespace) -> int:
         from services.profiler.service import serve_profiler
         os.nice(10)  # measuring must never take CPU from serving on a small machine
         run_service(lambda stop: serve_profiler(cfg, stop))
+    elif args.pool:
+        from services.worker.pool import serve_pool
+        run_service(lambda stop: serve_pool(cfg, stop))
     else:
         from services.worker.service import serve
         if not args.model:
-            raise SystemExit("serve worker needs --model")
+            raise SystemExit("serve worker needs --model (or --pool)")
         cuts = [int(c) for c in args.cuts.split(",") if c.strip()] if args.cuts else []
         run_service(lambda stop: serve(cfg, stop, args.model, args.stage, cuts))
     return 0

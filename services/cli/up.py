@@ -22,6 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--replicas", type=int, default=1, help="workers per stage")
     up.add_argument("--routers", type=int, default=1,
                     help="routers sharing the intake (a request goes to one of them)")
+    up.add_argument("--workers", type=int, default=0,
+                    help="with --plan auto: this many pool workers, whose stages the optimizer "
+                    "plans (E3 compute mode)")
+    up.add_argument("--plan", choices=("auto",),
+                    help="auto: the optimizer splits and replicates the model over the pool "
+                    "workers and re-plans as load, exits and workers change")
     up.add_argument("--log-dir", help="write each service's log here instead of the terminal")
     up.add_argument("--adapt", action="store_true",
                     help="also run the tuner: continual exit adaptation (or OFFRAMP_ADAPT=1)")
@@ -40,6 +46,24 @@ def parse_cuts(values: list[str] | None) -> dict[str, list[int]]:
     return out
 
 
+def check_plan_options(args: argparse.Namespace, models: tuple[str, ...]) -> int:
+    """The number of pool workers ``--workers N --plan auto`` asks for (0: a fixed layout),
+    or a clear error for a combination that cannot work."""
+    if args.plan is None:
+        if args.workers:
+            raise SystemExit("--workers N needs --plan auto (a fixed layout: --split, --replicas)")
+        return 0
+    if args.workers < 1:
+        raise SystemExit("--plan auto needs --workers N (N >= 1 pool workers)")
+    if args.split or args.replicas != 1:
+        raise SystemExit("--plan auto plans the split and replicas itself: drop --split and "
+                         "--replicas")
+    if len(models) != 1:
+        raise SystemExit(f"--plan auto serves one model (a pool worker takes one role), got "
+                         f"{', '.join(models)}")
+    return args.workers
+
+
 def run(args: argparse.Namespace) -> int:
     from services.launcher.supervisor import Deployment, Supervisor, prepare_state
 
@@ -49,9 +73,16 @@ def run(args: argparse.Namespace) -> int:
     logs.setup("up", cfg.log_level)
     if args.routers < 1:
         raise SystemExit("--routers must be at least 1")
+    pool = check_plan_options(args, cfg.models)
     prepare_state(cfg, say=lambda m: print(m, file=sys.stderr))
+    if pool:
+        from services.launcher.supervisor import ensure_mode
+        from services.store.repository import Store
+
+        with Store(cfg.database_url) as store:
+            ensure_mode(store, cfg.models[0], "compute")
     sup = Supervisor(cfg, Deployment(cfg.models, parse_cuts(args.split), args.replicas,
-                                     args.routers),
+                                     args.routers, pool),
                      log_dir=Path(args.log_dir) if args.log_dir else None)
     stop = {"now": False}
 

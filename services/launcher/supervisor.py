@@ -65,6 +65,9 @@ class Deployment:
     cuts: dict[str, list[int]] = field(default_factory=dict)
     replicas: int = 1
     routers: int = 1  # in one queue group: a request goes to one of them
+    # E3 (`--workers N --plan auto`): N pool workers take their stages from the optimizer's
+    # plans instead of a fixed layout
+    pool_workers: int = 0
 
 
 def prepare_state(cfg: Config, say=print) -> None:
@@ -92,6 +95,15 @@ def ensure_prepared(cfg: Config, name: str, say=print) -> Path:
                          f"{name} --data INPUTS.npz` first")
     say(f"using prepared {name} at {model_dir}")
     return model_dir
+
+
+def ensure_mode(store, model: str, mode: str) -> None:
+    """Make ``mode`` the exit mode in force for ``model`` (a new config version when the
+    one in force has another mode); ``--plan auto`` serves in compute mode."""
+    latest = store.latest_exit_config(model)
+    if latest is not None and latest.mode != mode:
+        store.save_exit_config(model, dict(latest.thresholds), list(latest.active), mode,
+                               f"{mode} mode: offramp up --plan auto", dict(latest.heads))
 
 
 def register_prepared(store, model_dir: Path, budget: float) -> None:
@@ -138,7 +150,11 @@ class Supervisor:
         self.children += [Child("monitor", base + ["monitor"]), Child("profiler", base + ["profiler"])]
         if self.cfg.adapt:
             self.children.append(Child("tuner", base + ["tuner"]))
-        for model in self.deployment.models:
+        if self.deployment.pool_workers:
+            self.children.append(Child("optimizer", base + ["optimizer"]))
+            self.children += [Child(f"worker-pool-{k}", base + ["worker", "--pool"])
+                              for k in range(self.deployment.pool_workers)]
+        for model in self.deployment.models if not self.deployment.pool_workers else ():
             cuts = self.deployment.cuts.get(model, [])
             for stage in range(len(cuts) + 1):
                 for r in range(self.deployment.replicas):
@@ -170,7 +186,10 @@ class Supervisor:
         metrics_ports.write(self.cfg.home, ports, self.cfg.metrics_bind)
 
     def workers(self) -> int:
-        """Worker processes this deployment starts: every stage of every model, replicated."""
+        """Worker processes this deployment starts: every stage of every model, replicated
+        (or the pool)."""
+        if self.deployment.pool_workers:
+            return self.deployment.pool_workers
         return sum((len(self.deployment.cuts.get(m, [])) + 1) * self.deployment.replicas
                    for m in self.deployment.models)
 

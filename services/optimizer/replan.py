@@ -1,7 +1,8 @@
 """When the optimizer makes a new plan (E3 §3.2 re-plans as the workload and the cluster
 change), pure: the first time, when the pool inventory changed (a worker joined, left, or
-was marked a straggler), when a batch-profile window drifted from its forecast since the
-last plan, and on a timer.
+was marked a straggler) or a device class got its latency profile, when a batch-profile
+window drifted from its forecast since the last plan, when the request rate moved by more
+than ``RATE_CHANGE`` since the plan, and on a timer.
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 DEFAULT_INTERVAL_S = 120.0
+# Re-plan when the rate is this far (relative) from the one planned for: replicas are
+# sized by the rate, and E3's batch fill time too; half again or half less changes both.
+RATE_CHANGE = 0.5
+MIN_RATE = 1.0  # below this (req/s) the rate is noise: no re-plan for it
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,8 @@ class Basis:
     made_at: float                                # unix seconds
     inventory: Mapping[str, Sequence[str]]        # device class -> pool worker ids
     drift_seen: datetime | None                   # the newest drifted window it accounted for
+    profiled: frozenset[str] = frozenset()        # device classes that had a latency profile
+    rate: float = 0.0                             # requests per second it was planned for
 
 
 def inventory_change(old: Mapping[str, Sequence[str]],
@@ -34,15 +41,28 @@ def inventory_change(old: Mapping[str, Sequence[str]],
     return " ".join([*(f"+{w}" for w in joined), *(f"-{w}" for w in left)])
 
 
+def rate_moved(planned: float, now: float) -> bool:
+    if max(planned, now) < MIN_RATE:
+        return False
+    return abs(now - planned) > RATE_CHANGE * max(planned, MIN_RATE)
+
+
 def replan_reason(basis: Basis | None, now: float, inventory: Mapping[str, Sequence[str]],
                   newest_drift: datetime | None,
-                  interval_s: float = DEFAULT_INTERVAL_S) -> str | None:
-    """Why to plan now, or None to keep the plan in force."""
+                  interval_s: float = DEFAULT_INTERVAL_S,
+                  profiled: frozenset[str] | None = None,
+                  rate: float | None = None) -> str | None:
+    """Why to plan now, or None to keep the plan in force (``profiled`` and ``rate``: not
+    looked at when None)."""
     if basis is None:
         return "first plan"
     change = inventory_change(basis.inventory, inventory)
     if change is not None:
         return f"inventory: {change}"
+    if profiled is not None and profiled - basis.profiled:
+        return f"profiles: {', '.join(sorted(profiled - basis.profiled))} now profiled"
+    if rate is not None and rate_moved(basis.rate, rate):
+        return f"load: {rate:.3g} req/s, planned for {basis.rate:.3g}"
     if newest_drift is not None and (basis.drift_seen is None
                                      or newest_drift > basis.drift_seen):
         return f"drift: the window of {newest_drift.isoformat()} left its forecast"

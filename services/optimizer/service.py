@@ -28,6 +28,7 @@ from services.store.repository import Store
 
 STORE_HEARTBEAT_S = 2.0     # how often pool workers write their row (the worker's cadence)
 FRESH_S = 3 * STORE_HEARTBEAT_S  # a pool worker not seen for this long is not planned for
+UNPLANNED_POLL_S = 1.0      # how often to look while a model has no plan in force
 RATE_WINDOWS = 3            # the request rate is measured over this many profile windows
 
 
@@ -58,25 +59,30 @@ class Optimizer:
         in_force = self.store.latest_plan(model, feasible=True)
         inventory = pi.pool_inventory(self.store.workers(), utcnow(), FRESH_S)
         drift = self.store.newest_drift(model)
-        reason = replan_reason(self.basis[model], now, inventory, drift, self.cfg.plan_interval_s)
+        geo = pi.geometry(row["manifest"])
+        tables = {d: t for d in inventory
+                  if (t := pi.latency_table(self.store.latency_profile(model, d), geo)) is not None}
+        rate = self.rate(model)
+        reason = replan_reason(self.basis[model], now, inventory, drift, self.cfg.plan_interval_s,
+                               frozenset(tables), rate)
         if reason is None:
             return (None if in_force is None else Plan.decode(in_force["plan"])), False
-        plan = self.plan(model, row["manifest"], reason, inventory, drift, in_force, now)
-        self.basis[model] = Basis(now, inventory, drift)
+        plan = self.plan(model, geo, tables, rate, reason, inventory, drift, in_force, now)
+        self.basis[model] = Basis(now, inventory, drift, frozenset(tables), rate)
         if not plan.feasible:  # the workers keep the roles of the plan in force
             return (None if in_force is None else Plan.decode(in_force["plan"])), False
         return plan, True
 
-    def plan(self, model: str, manifest: dict[str, Any], reason: str,
-             inventory: dict[str, tuple[str, ...]], drift: datetime | None,
+    def rate(self, model: str) -> float:
+        """Requests per second over the last few profile windows."""
+        span = RATE_WINDOWS * self.cfg.profile_window_s
+        return self.store.request_stats(model, utcnow() - timedelta(seconds=span))["count"] / span
+
+    def plan(self, model: str, geo: pi.ModelGeometry, tables: dict[str, Any], rate: float,
+             reason: str, inventory: dict[str, tuple[str, ...]], drift: datetime | None,
              latest: dict[str, Any] | None, now: float) -> Plan:
-        geo = pi.geometry(manifest)
-        tables = {d: t for d in inventory
-                  if (t := pi.latency_table(self.store.latency_profile(model, d), geo)) is not None}
         forecast = pi.latest_forecast(self.store.batch_profiles(
             model, since=utcnow() - timedelta(hours=1)))
-        span = RATE_WINDOWS * self.cfg.profile_window_s
-        rate = self.store.request_stats(model, utcnow() - timedelta(seconds=span))["count"] / span
         problem = pi.problem(geo, forecast, tables, inventory, rate, self.targets)
         started = time.perf_counter()
         dp = make_plan(problem)
@@ -91,6 +97,7 @@ class Optimizer:
         inputs = {"rate_rps": rate, "slo_ms": self.targets.slo_ms, "batch": self.targets.batch,
                   "slack": self.targets.slack, "alpha": self.targets.alpha,
                   "inventory": {d: list(ids) for d, ids in inventory.items()},
+                  "profiled": sorted(tables),
                   "forecast": {str(r): f for r, f in forecast.items()}, "probe_ramps": probe,
                   "survival": list(problem.chain.survival),
                   "link": {"ms_per_byte": self.targets.ms_per_byte,
@@ -107,15 +114,19 @@ class Optimizer:
                                          goodput=round(dp.goodput, 1), ms=round(optimizer_ms, 1)))
         return Plan.decode(row["plan"])
 
-    async def tick(self) -> None:
+    async def tick(self) -> bool:
+        """One look at every model; True when each has a plan in force."""
+        planned = True
         for model in self.cfg.models:
             try:
                 plan, _new = await asyncio.to_thread(self.consider, model, time.time())
             except Exception:  # store hiccup: the next window tries again
                 self.log.exception("planning %s failed", model)
-                continue
+                plan = None
+            planned = planned and plan is not None
             if plan is not None and self.nc is not None:
                 await self.nc.publish(subjects.plan(model), plan.encode())
+        return planned
 
 
 def basis_of(row: dict[str, Any]) -> Basis:
@@ -124,7 +135,8 @@ def basis_of(row: dict[str, Any]) -> Basis:
     drift = inputs.get("drift_seen")
     inventory = {d: tuple(ids) for d, ids in (inputs.get("inventory") or {}).items()}
     return Basis(float(inputs.get("made_at", 0.0)), inventory,
-                 None if drift is None else datetime.fromisoformat(drift))
+                 None if drift is None else datetime.fromisoformat(drift),
+                 frozenset(inputs.get("profiled") or ()), float(inputs.get("rate_rps", 0.0)))
 
 
 def current_roles(row: dict[str, Any] | None) -> dict[str, tuple[int, int]]:
@@ -145,9 +157,10 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
                                            window_s=cfg.profile_window_s))
     try:
         while not stop.is_set():
-            await optimizer.tick()
-            try:
-                await asyncio.wait_for(stop.wait(), cfg.profile_window_s)
+            planned = await optimizer.tick()
+            try:  # until every model has a plan, look again soon: pool workers are starting
+                await asyncio.wait_for(stop.wait(), cfg.profile_window_s if planned
+                                       else UNPLANNED_POLL_S)
             except TimeoutError:
                 pass
     finally:

@@ -19,6 +19,7 @@ their docstrings say.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from schemas.messages import Batch, ExitConfig
+from schemas.plans import StageRole
 from schemas.telemetry import SampleTelemetry
 from services.exits.decide import ramp_outcome
 from services.worker.fusion import FusionBuffer, Part
@@ -130,6 +132,22 @@ class ComputeMode:
         self.fusion_wake = asyncio.Event()
         self.shadow_work: deque[tuple[Batch, float]] = deque()
         self.shadow_dropped = 0
+        self.plan_ramps: frozenset[int] | None = None  # None: every active ramp runs
+
+    def take_plan_role(self, role: StageRole) -> None:
+        """A deployment plan's stage: its fused batch, its hold, the ramps it runs."""
+        self.fusion.target = role.batch
+        self.fusion.service_ms = self.stage_ms * role.batch
+        self.fusion.max_hold_ms = role.hold_ms
+        self.plan_ramps = frozenset(role.active_ramps)
+
+    def running(self, config: ExitConfig) -> ExitConfig:
+        """``config`` as this stage runs it: under a plan, only the ramps the plan runs
+        here may exit (the exit wrapper switched the others off)."""
+        if self.plan_ramps is None:
+            return config
+        return dataclasses.replace(config, active=[r for r in config.active
+                                                   if r in self.plan_ramps])
 
     # ------------------------------------------------------------- event loop
 
@@ -191,6 +209,7 @@ class ComputeMode:
         """Run a fused batch through this stage in compute mode and send what it yields:
         early answers per part as their ramps pass, survivors (and shadow rows, apart) to
         the next stage per part, final answers and telemetry at the last stage."""
+        config = self.running(config)
         batches = [b for b, _ in job.parts]
         batch, starts = fuse(batches)
         sizes = [len(b.ids) for b in batches]

@@ -28,6 +28,7 @@ from schemas import errors, subjects
 from schemas.errors import ServingError
 from schemas.heartbeat import Heartbeat
 from schemas.messages import Batch, ExitConfig, Results, decode_map, encode_error, encode_reply
+from schemas.plans import StageRole
 from schemas.telemetry import (
     FINAL_LOGITS_MAX_CLASSES,
     OK,
@@ -54,6 +55,7 @@ from services.worker.stage_exec import StageOutcome, execute
 from services.worker.telemetry import TelemetryBuffer
 
 STORE_HEARTBEAT_S = 2.0
+DRAIN_LIMIT_S = 30.0  # a stopping role waits at most this long for the work it holds
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ class Worker(ComputeMode):
         self.want_features = plan.is_last and bool(self.ramps) and self.sampler.enabled
         self.shadow = ShadowSampler(cfg.shadow_rate)  # compute mode's feedback sample
         self.stopping = False
+        self.retiring = False  # leaving its role: routers send it nothing new
         self.batches = 0
         self.stage_ms = sum(b.cost_ms for b in manifest.blocks[plan.first_block:plan.last_block]) + \
             sum(r.cost_ms for r in self.ramps)
@@ -451,7 +454,9 @@ class Worker(ComputeMode):
             self._release(batch, config)
 
     def next_stage_subject(self) -> str:
-        return subjects.stage(self.plan.model, self.plan.stage + 1)
+        """Where the next stage listens: stages are keyed by their first block, so every
+        layout (and every plan version) that cuts there shares the subject."""
+        return subjects.stage(self.plan.model, self.plan.last_block)
 
     def checked_size(self, data: bytes) -> bytes:
         """``data`` when the bus can carry it, else the error that says what to change."""
@@ -609,7 +614,7 @@ class Worker(ComputeMode):
                     config_version=self.config.version))
             await self.nc.publish(subjects.HEARTBEAT, Heartbeat(
                 worker=self.id, model=self.plan.model, stage=self.plan.stage,
-                stages=self.plan.stages, capacity=self.cfg.worker_credit,
+                stages=self.plan.stages, capacity=0 if self.retiring else self.cfg.worker_credit,
                 first_block=self.plan.first_block, last_block=self.plan.last_block, pid=pid,
                 host=host, busy=self.busy, queued=self.queue.qsize(), batches=self.batches,
                 set_aside=len(self.backlog), gave_way=self.backlog.cut, late=self.late_answers,
@@ -629,58 +634,106 @@ class Worker(ComputeMode):
                                  datetime.now(UTC).replace(tzinfo=None), self.device)
 
 
-async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: list[int]) -> None:
-    from services.store.repository import Store
+@dataclass
+class Role:
+    """One stage a worker process serves: the worker, its bus subscriptions, its loops."""
 
-    log = logs.setup(f"worker.{model}.{stage}", cfg.log_level)
-    model_dir = cfg.models_dir / model
-    manifest = Manifest.load(model_dir)
-    ranges = plan_stages(len(manifest.blocks), cuts)
-    if not 0 <= stage < len(ranges):
-        raise SystemExit(f"stage {stage} does not exist: cuts {cuts} give {len(ranges)} stages")
-    first, last = ranges[stage]
-    plan = StagePlan(model, stage, len(ranges), first, last)
+    worker: Worker
+    subscriptions: list
+    runner: asyncio.Task
+    stop: asyncio.Event
+
+
+async def start_role(nc: Client, cfg: Config, store, log, plan: StagePlan,
+                     stage_role: StageRole | None = None) -> Role:
+    """Load ``plan``'s stage and start serving it on ``nc`` (``stage_role``: as a pool
+    worker's role in a deployment plan, with that stage's batch, hold and ramps)."""
+    model_dir = cfg.models_dir / plan.model
+    manifest = await asyncio.to_thread(Manifest.load, model_dir)
     spin = spin_for(cfg.ort_spin, None)  # auto: off unless the supervisor resolved it on
-    runtime = StageRuntime(model_dir, manifest, first, last, device=cfg.device,
-                           threads=cfg.ort_threads, spin=spin)
-    store = Store(cfg.database_url)
-    nc = await bus.connect_as(cfg, "worker", f"offramp-worker-{model}-{stage}")
+    runtime = await asyncio.to_thread(
+        lambda: StageRuntime(model_dir, manifest, plan.first_block, plan.last_block,
+                             device=cfg.device, threads=cfg.ort_threads, spin=spin))
     worker = Worker(nc, cfg, plan, manifest, runtime, store, log)
-    row = await asyncio.to_thread(store.latest_exit_config, model)
+    if stage_role is not None:
+        worker.take_plan_role(stage_role)
+    row = await asyncio.to_thread(store.latest_exit_config, plan.model) if store else None
     if row is not None:
-        worker.config = ExitConfig(model, row.version, row.mode, dict(row.thresholds),
+        worker.config = ExitConfig(plan.model, row.version, row.mode, dict(row.thresholds),
                                    list(row.active), heads=dict(row.heads))
         worker.version_gauge.set(row.version)
     await asyncio.to_thread(runtime.preload_taps)
     await asyncio.to_thread(worker.warm, worker.config)
     worker._log_tap_notes()
-    await nc.subscribe(subjects.exit_config(model), cb=worker.on_config)
-    if stage == 0:
-        await subscribe_direct(nc, subjects.work(worker.id), worker.on_batch)
+    subs = [await nc.subscribe(subjects.exit_config(plan.model), cb=worker.on_config)]
+    if plan.stage == 0:
+        subs.append(await subscribe_direct(nc, subjects.work(worker.id), worker.on_batch))
     else:
-        await subscribe_direct(nc, subjects.stage(model, stage), worker.on_batch,
-                               queue=subjects.stage_queue(model, stage))
+        subs.append(await subscribe_direct(
+            nc, subjects.stage(plan.model, plan.first_block), worker.on_batch,
+            queue=subjects.stage_queue(plan.model, plan.first_block)))
+    stop = asyncio.Event()
     supervise("heartbeat", lambda: worker.heartbeat_loop(stop), worker.tasks, log)
     supervise("telemetry", lambda: worker.telemetry_loop(stop), worker.tasks, log)
     supervise("fusion", lambda: worker.fusion_loop(stop), worker.tasks, log)
     runner = supervise("batches", lambda: worker.run(stop), worker.tasks, log)
-    log.info("worker ready %s", logs.kv(id=worker.id, blocks=f"{first}:{last}",
+    log.info("worker ready %s", logs.kv(id=worker.id, blocks=f"{plan.first_block}:{plan.last_block}",
                                        ramps=[r.index for r in worker.ramps],
                                        providers=",".join(runtime.providers),
                                        ort_spin="on" if spin else "off",
                                        config_version=worker.config.version))
-    await stop.wait()
-    worker.stopping = True
-    runner.cancel()
-    await worker.drain_feedback()
+    return Role(worker, subs, runner, stop)
+
+
+async def finish_role(role: Role, log, drain_s: float = 0.0) -> None:
+    """Stop serving a role without losing work: with ``drain_s``, first tell the routers it
+    takes no more batches (credit 0) and keep serving its subjects that long (work sent
+    before the plan changed still arrives); then leave its subjects, finish what it holds,
+    and send what it measured."""
+    worker = role.worker
+    if drain_s > 0:
+        worker.retiring = True
+        await asyncio.sleep(drain_s)
+    for sub in role.subscriptions:
+        try:
+            await sub.unsubscribe()
+        except Exception as exc:  # noqa: BLE001 - a closed connection: nothing arrives anyway
+            log.warning("unsubscribe failed: %r", exc)
     for held in worker.hand_back_fused():  # partial batches waiting for company: run now
-        await worker.process_fused(Fused([held]))
+        worker.queue.put_nowait((Fused([held]), held[1]))
+    deadline = time.monotonic() + DRAIN_LIMIT_S
+    while (not role.runner.done() and (not worker.queue.empty() or worker.busy)
+           and time.monotonic() < deadline):
+        await asyncio.sleep(0.01)
+    role.stop.set()
+    worker.stopping = True
+    role.runner.cancel()
+    await worker.drain_feedback()
     if worker.backlog.cut:
         log.info("feedback runs set aside for waiting requests %s",
                  logs.kv(cut=worker.backlog.cut, rerun=worker.backlog.rerun))
     if worker.telemetry.parts:  # nothing measured is dropped at shutdown
         subject, data, msg_id = worker._telemetry_message(worker.telemetry.take())
-        await nc.publish(subject, data, headers={"Nats-Msg-Id": msg_id})
-    await asyncio.to_thread(worker._store_heartbeat, socket.gethostname(), os.getpid(), "stopped")
+        await worker.nc.publish(subject, data, headers={"Nats-Msg-Id": msg_id})
+    if worker.store is not None:
+        await asyncio.to_thread(worker._store_heartbeat, socket.gethostname(), os.getpid(),
+                                "stopped")
+
+
+async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: list[int]) -> None:
+    """A worker of a fixed layout: stage ``stage`` of ``model`` cut at ``cuts``."""
+    from services.store.repository import Store
+
+    log = logs.setup(f"worker.{model}.{stage}", cfg.log_level)
+    manifest = Manifest.load(cfg.models_dir / model)
+    ranges = plan_stages(len(manifest.blocks), cuts)
+    if not 0 <= stage < len(ranges):
+        raise SystemExit(f"stage {stage} does not exist: cuts {cuts} give {len(ranges)} stages")
+    first, last = ranges[stage]
+    store = Store(cfg.database_url)
+    nc = await bus.connect_as(cfg, "worker", f"offramp-worker-{model}-{stage}")
+    role = await start_role(nc, cfg, store, log, StagePlan(model, stage, len(ranges), first, last))
+    await stop.wait()
+    await finish_role(role, log)
     await bus.close(nc)
     store.close()

@@ -73,8 +73,8 @@ def _results(sent, router: str = "router.r") -> list[Results]:
     return [Results.decode(decode_map(d)) for s, d in sent if s == router]
 
 
-def _forwarded(sent, stage: int = 1) -> list[Batch]:
-    return [Batch.decode(decode_map(d)) for s, d in sent if s == subjects.stage(MODEL, stage)]
+def _forwarded(sent, block: int = 2) -> list[Batch]:
+    return [Batch.decode(decode_map(d)) for s, d in sent if s == subjects.stage(MODEL, block)]
 
 
 def _config(threshold: float, mode: str = "compute") -> ExitConfig:

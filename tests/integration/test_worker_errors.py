@@ -54,7 +54,7 @@ def test_activations_over_max_payload_fail_as_payload_too_large(models_dir) -> N
     (res,) = _results(sent)
     assert res.error["code"] == errors.PAYLOAD_TOO_LARGE and "max_payload" in res.error["message"]
     assert res.ids == ["r0", "r1", "r2", "r3"] and res.release  # stage 0: credit back
-    assert not [s for s, _ in sent if s == subjects.stage(MODEL, 1)]
+    assert not [s for s, _ in sent if s == subjects.stage(MODEL, 2)]
 
 
 def test_any_other_failure_is_internal(models_dir) -> None:
@@ -65,7 +65,7 @@ def test_any_other_failure_is_internal(models_dir) -> None:
 
 def test_a_batch_that_fits_goes_to_the_next_stage(models_dir) -> None:
     sent = _run(models_dir, 8 << 20, _batch())
-    (nxt,) = [Batch.decode(decode_map(d)) for s, d in sent if s == subjects.stage(MODEL, 1)]
+    (nxt,) = [Batch.decode(decode_map(d)) for s, d in sent if s == subjects.stage(MODEL, 2)]
     assert nxt.stage == 1 and nxt.ids == ["r0", "r1", "r2", "r3"] and nxt.inputs["x"].shape[0] == 4
     assert len(nxt.stage_ms) == 1 and nxt.exit_at.tolist() == [-1] * 4
     (release,) = _results(sent)

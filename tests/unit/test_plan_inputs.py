@@ -135,3 +135,17 @@ def test_assign_on_a_two_stage_plan() -> None:
     assert pi.assign(dp, inv, {"d": (2, 4), "c": (0, 2)}) == [("c",), ("a", "d")]
     # a class short of devices leaves a stage short (the plan was made for what is there)
     assert pi.assign(dp, {"cpu": ("a", "b")}, {}) == [("a",), ("b",)]
+
+
+def test_a_new_latency_profile_or_a_moved_rate_asks_for_a_plan() -> None:
+    inv = {"cpu": ("a",)}
+    basis = Basis(0.0, inv, None, frozenset(), 10.0)
+    assert replan_reason(basis, 1.0, inv, None, profiled=frozenset({"cpu"})) == \
+        "profiles: cpu now profiled"
+    seen = Basis(0.0, inv, None, frozenset({"cpu"}), 10.0)
+    assert replan_reason(seen, 1.0, inv, None, profiled=frozenset({"cpu"}), rate=14.0) is None
+    assert replan_reason(seen, 1.0, inv, None, profiled=frozenset({"cpu"}), rate=16.0) == \
+        "load: 16 req/s, planned for 10"
+    assert replan_reason(seen, 1.0, inv, None, rate=4.0).startswith("load")
+    idle = Basis(0.0, inv, None, frozenset(), 0.2)
+    assert replan_reason(idle, 1.0, inv, None, rate=0.9) is None  # noise below 1 req/s

@@ -396,11 +396,11 @@ def test_every_subject_is_documented() -> None:
     names = [subjects.MODELS, subjects.STATUS_ROUTER, subjects.STATUS_MONITOR, subjects.HEARTBEAT,
              subjects.TELEMETRY_STREAM, subjects.TELEMETRY_ALL, subjects.ROUTER_QUEUE,
              subjects.MONITOR_DURABLE, subjects.infer("<model>"), subjects.work("<worker_id>"),
-             subjects.stage("<model>", "<k>"),  # type: ignore[arg-type]
-             subjects.stage_queue("<model>", "<k>"),  # type: ignore[arg-type]
+             subjects.stage("<model>", "<block>"),  # type: ignore[arg-type]
+             subjects.stage_queue("<model>", "<block>"),  # type: ignore[arg-type]
              subjects.results("<router_id>"), subjects.exit_config("<model>"),
              subjects.telemetry_samples("<model>"), subjects.telemetry_requests("<model>"),
-             subjects.ramp_features("<model>")]
+             subjects.ramp_features("<model>"), subjects.plan("<model>")]
     missing = [n for n in names if f"`{n}`" not in text]
     assert not missing, missing
     assert subjects.INFER_ALL == "offramp.infer.*" and "`offramp.infer.*`" in text

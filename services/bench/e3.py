@@ -73,8 +73,6 @@ WARMUP_SLOS = 1.0      # ... and at least its first SLO
 WARM_SAMPLES = 16000   # E3's plan: ARIMA over the survival of the stream's first samples
 WARM_WINDOWS = 8       # ... cut into this many windows (2,000 samples each)
 FORECAST_WINDOWS = 30
-LIVE_MISSING = ("error: bench e3 runs only as a simulation for now (--sim); the live mode on "
-                "real pool workers is not available yet")
 
 
 @dataclass(frozen=True)
@@ -417,11 +415,7 @@ def acceptance(runs: list[dict[str, Any]], head: dict[str, Any]) -> dict[str, An
 
 def run_e3(args: argparse.Namespace) -> int:
     if not getattr(args, "sim", False):
-        print(LIVE_MISSING, file=sys.stderr)
-        return 2
-    if not getattr(args, "json", None):
-        print("error: bench e3 --sim needs --json OUT", file=sys.stderr)
-        return 2
+        return run_e3_live(args)
     say = inputs.say_stderr
     try:
         opt = options(args)
@@ -443,5 +437,19 @@ def run_e3(args: argparse.Namespace) -> int:
     forecast = forecast_check(setup, steady, head["mix"], opt["seed"])
     doc = clean(assemble(opt, setup, runs, forecast))
     print(report_table(doc))
+    Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+def run_e3_live(args: argparse.Namespace) -> int:
+    """The live half (``services.bench.e3_live``)."""
+    from services.bench import e3_live
+
+    try:
+        doc = clean(e3_live.run_live(args))
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(e3_live.table(doc))
     Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     return 0

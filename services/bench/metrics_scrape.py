@@ -35,3 +35,29 @@ def histogram_buckets(urls: list[str], name: str, labels: dict[str, str]) -> dic
     if urls and not answered:
         raise OSError(f"no /metrics answered: {', '.join(urls)}")
     return out
+
+
+def histogram_sum_count(urls: list[str], name: str,
+                        by: str) -> dict[str, tuple[float, float]]:
+    """Per value of label ``by``: (sum, count) of histogram ``name``, summed over ``urls``
+    (services that do not answer count nothing)."""
+    out: dict[str, list[float]] = {}
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:
+                text = resp.read().decode()
+        except OSError:
+            continue
+        for family in text_string_to_metric_families(text):
+            if family.name != name:
+                continue
+            for s in family.samples:
+                key = s.labels.get(by)
+                if key is None:
+                    continue
+                acc = out.setdefault(key, [0.0, 0.0])
+                if s.name == f"{name}_sum":
+                    acc[0] += s.value
+                elif s.name == f"{name}_count":
+                    acc[1] += s.value
+    return {k: (v[0], v[1]) for k, v in out.items()}

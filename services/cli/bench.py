@@ -69,7 +69,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def e3_arguments(bench: argparse.ArgumentParser) -> None:
     """``offramp bench e3``: vanilla vs naive early exit vs E3 (services/bench/e3.py)."""
     bench.add_argument("--sim", action="store_true",
-                       help="e3: simulate (the live mode on pool workers is not available yet)")
+                       help="e3: simulate at --devices (without it: live on this machine, "
+                       "--workers worker processes per policy, default 2)")
+    bench.add_argument("--workers", type=int, metavar="N",
+                       help="e3 live: worker processes per policy (default 2)")
+    bench.add_argument("--seconds", type=float, metavar="S",
+                       help="e3 live: measured seconds per phase (default 40)")
+    bench.add_argument("--warm-s", type=float, metavar="S",
+                       help="e3 live: seconds of the stream before a phase is measured (default 20)")
     bench.add_argument("--devices", metavar="N,...",
                        help="e3: device counts (default 16,48; the first is the headline)")
     bench.add_argument("--device-profile", metavar="FILE",

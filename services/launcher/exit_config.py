@@ -38,12 +38,13 @@ def pinned_heads(store: Store, model: str, current: dict[int, str], pins: list[s
 
 def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | None,
                     sets: list[str], active: str | None, reason: str,
-                    head_pins: list[str] | None = None, mode: str | None = None) -> int:
+                    head_pins: list[str] | None = None, mode: str | None = None,
+                    say=print) -> int:
     store = Store(cfg.database_url)
     try:
         ramps = [r["idx"] if "idx" in r else r["index"] for r in store.ramps(model)]
         if not ramps:
-            print(f"error: model {model!r} is not registered (run `offramp up` or `offramp prepare`)")
+            say(f"error: model {model!r} is not registered (run `offramp up` or `offramp prepare`)")
             return 2
         if active is not None and active.strip().lower() == "none":
             active_ramps = []  # vanilla: no ramp runs, nothing exits
@@ -51,7 +52,7 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
             active_ramps = [int(a) for a in active.split(",")] if active else ramps
         unknown = set(active_ramps) - set(ramps)
         if unknown:
-            print(f"error: unknown ramp(s) {sorted(unknown)}; model has {ramps}")
+            say(f"error: unknown ramp(s) {sorted(unknown)}; model has {ramps}")
             return 2
         latest = store.latest_exit_config(model)
         thresholds = dict(latest.thresholds) if latest else {r: 0.0 for r in ramps}
@@ -70,7 +71,7 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
             # what workers would refuse is not stored either
             ExitConfig(model, 0, mode, thresholds, active_ramps, heads=heads).check()
         except ValueError as exc:
-            print(f"error: {exc}")
+            say(f"error: {exc}")
             return 2
         row = store.save_exit_config(model, thresholds, active_ramps, mode, reason, heads)
     finally:
@@ -87,8 +88,8 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
 
     try:
         asyncio.run(publish())
-        print(f"exit config v{row.version} for {model} ({row.mode} mode): thresholds={row.thresholds} "
+        say(f"exit config v{row.version} for {model} ({row.mode} mode): thresholds={row.thresholds} "
               f"active={row.active} heads={row.heads or 'prepared'}")
     except RuntimeError as exc:
-        print(f"stored exit config v{row.version}; not broadcast ({exc}); workers load it on start")
+        say(f"stored exit config v{row.version}; not broadcast ({exc}); workers load it on start")
     return 0

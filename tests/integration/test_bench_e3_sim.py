@@ -71,6 +71,19 @@ def test_bench_e3_sim_on_tiny_writes_every_key(small, capsys):
     assert "my-gpu-modeled" in capsys.readouterr().out
 
 
-def test_bench_e3_without_sim_says_live_mode_is_not_there(small, capsys):
-    assert main(["bench", "e3", "--json", str(small / "x.json")]) == 2
-    assert "live mode" in capsys.readouterr().err
+def test_bench_e3_live_serves_the_three_policies_on_real_workers(small, tmp_path, capsys):
+    """Live on tiny, one worker, a few seconds a phase: every policy answered on its own
+    stack, the figures the issue names are there, E3 made plans."""
+    out = tmp_path / "live.json"
+    assert main(["bench", "e3", "--json", str(out), "--model", "tiny", "--workers", "1",
+                 "--seconds", "2", "--warm-s", "2", "--slo-ms", "2000"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "live" and doc["workers"] == 1
+    for p in ("vanilla", "naive_ee", "e3"):
+        assert set(doc[p]) == {"goodput_rps", "p50_ms", "p99_ms", "agreement", "cost"}
+        assert doc[p]["goodput_rps"] > 0 and doc["saturated"][p]["answered_in_slo"] > 0
+        assert doc["saturated"][p]["mean_batch_by_stage"]
+    assert doc["vanilla"]["agreement"] == 1.0  # the full model agrees with itself
+    assert doc["saturated"]["e3"]["plans"] and doc["optimizer_ms"] is not None
+    assert "forecast_mape" in doc
+    assert "E3 / vanilla" in capsys.readouterr().out

@@ -50,7 +50,7 @@ from services.common import bus
 from services.common.credentials import login_for
 from services.common.stats import percentile
 from services.launcher.exit_config import set_exit_config
-from services.launcher.supervisor import Deployment, Supervisor, ensure_mode, prepare_state
+from services.launcher.supervisor import Deployment, Supervisor, prepare_state
 from services.loadgen.drive import await_config, drive_open
 from services.profiler.batch_profile import mape
 from services.sim import e3_policies as pol
@@ -95,7 +95,7 @@ def policy_stack(cfg, model: str, policy: str, workers: int, say):
     pool = workers if policy == "e3" else 0
     if pool:
         with Store(cfg.database_url) as store:
-            ensure_mode(store, model, "compute")
+            store.ensure_exit_mode(model, "compute", "compute mode: bench e3")
     dep = Deployment((model,), replicas=1 if pool else workers, pool_workers=pool)
     sup = Supervisor(cfg, dep, log_dir=cfg.home / "logs")
     try:

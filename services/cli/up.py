@@ -76,11 +76,10 @@ def run(args: argparse.Namespace) -> int:
     pool = check_plan_options(args, cfg.models)
     prepare_state(cfg, say=lambda m: print(m, file=sys.stderr))
     if pool:
-        from services.launcher.supervisor import ensure_mode
         from services.store.repository import Store
 
         with Store(cfg.database_url) as store:
-            ensure_mode(store, cfg.models[0], "compute")
+            store.ensure_exit_mode(cfg.models[0], "compute", "compute mode: offramp up --plan auto")
     sup = Supervisor(cfg, Deployment(cfg.models, parse_cuts(args.split), args.replicas,
                                      args.routers, pool),
                      log_dir=Path(args.log_dir) if args.log_dir else None)

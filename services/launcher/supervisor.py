@@ -97,15 +97,6 @@ def ensure_prepared(cfg: Config, name: str, say=print) -> Path:
     return model_dir
 
 
-def ensure_mode(store, model: str, mode: str) -> None:
-    """Make ``mode`` the exit mode in force for ``model`` (a new config version when the
-    one in force has another mode); ``--plan auto`` serves in compute mode."""
-    latest = store.latest_exit_config(model)
-    if latest is not None and latest.mode != mode:
-        store.save_exit_config(model, dict(latest.thresholds), list(latest.active), mode,
-                               f"{mode} mode: offramp up --plan auto", dict(latest.heads))
-
-
 def register_prepared(store, model_dir: Path, budget: float) -> None:
     """Record a prepared model (models, artifacts, ramps) and its initial exit config."""
     manifest = Manifest.load(model_dir)

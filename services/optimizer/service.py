@@ -152,6 +152,11 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     store = Store(cfg.database_url)
     nc = await bus.connect_as(cfg, "optimizer", "offramp-optimizer")
     optimizer = Optimizer(nc, cfg, store, log)
+    for model in cfg.models:  # a planned model is served in compute mode (E3)
+        row = await asyncio.to_thread(store.ensure_exit_mode, model, "compute",
+                                      "compute mode: planned by the optimizer (E3)")
+        if row is not None:
+            log.info("exit mode set %s", logs.kv(model=model, version=row.version, mode="compute"))
     log.info("optimizer ready %s", logs.kv(models=",".join(cfg.models),
                                            interval_s=cfg.plan_interval_s,
                                            window_s=cfg.profile_window_s))

@@ -216,6 +216,16 @@ class Store(PlanHistory):
 
         return retry_unique(attempt)
 
+    def ensure_exit_mode(self, model: str, mode: str, reason: str) -> ExitConfigRow | None:
+        """Make ``mode`` the exit mode in force for ``model``: a new config version (same
+        thresholds, ramps and heads) when the one in force has another mode; the new row,
+        or None when nothing changed (or the model has no config yet)."""
+        latest = self.latest_exit_config(model)
+        if latest is None or latest.mode == mode:
+            return None
+        return self.save_exit_config(model, dict(latest.thresholds), list(latest.active), mode,
+                                     reason, dict(latest.heads))
+
     # -- telemetry history ---------------------------------------------------------
 
     def add_exit_profiles(self, rows: list[dict[str, Any]], ingest_key: str | None = None) -> int:

@@ -102,3 +102,14 @@ def test_workers_carry_their_device_class_and_straggler_mark(store: Store) -> No
     assert store.workers("m")[0]["straggler_since"] == T0 + W  # a heartbeat keeps the mark
     store.mark_straggler("w-1", None)
     assert store.workers("m")[0]["straggler_since"] is None
+
+
+def test_ensure_exit_mode_makes_a_new_version_only_when_the_mode_differs(store: Store) -> None:
+    assert store.ensure_exit_mode("m", "compute", "x") is None  # no config yet
+    store.save_exit_config("m", {0: 0.3, 1: 0.0}, [0], "latency", "first", {0: "h.onnx"})
+    row = store.ensure_exit_mode("m", "compute", "compute mode: test")
+    assert row is not None and (row.version, row.mode) == (2, "compute")
+    latest = store.latest_exit_config("m")
+    assert (latest.thresholds, latest.active, latest.heads) == ({0: 0.3, 1: 0.0}, [0],
+                                                                {0: "h.onnx"})
+    assert store.ensure_exit_mode("m", "compute", "again") is None

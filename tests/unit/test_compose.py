@@ -91,11 +91,14 @@ def test_offramp_service_command_is_a_real_subcommand(services, name):
 def test_commands_do_what_each_service_is_for(services):
     assert parse_offramp(services["migrate"]["command"]).command == "db"
     assert parse_offramp(services["migrate"]["command"]).action == "upgrade"
-    for name in ("router", "monitor", "worker"):
+    for name in ("router", "monitor", "worker", "optimizer"):
         args = parse_offramp(services[name]["command"])
         assert (args.command, args.service) == ("serve", name)
+    # the scalable workers are a pool: their stages come from the optimizer's plans
     worker = parse_offramp(services["worker"]["command"])
-    assert worker.model in ZOO and worker.stage == 0
+    assert worker.pool and worker.model is None
+    served = read_env_file()["OFFRAMP_MODELS"].split(",")
+    assert served and all(m in ZOO for m in served)
 
 
 @pytest.mark.parametrize("name", sorted(OFFRAMP_SERVICES))
@@ -220,7 +223,7 @@ def test_every_served_offramp_service_is_scraped(services):
             static |= set(sc["targets"])
         dns += job.get("dns_sd_configs", [])
     kinds = served(services)
-    assert set(kinds.values()) == {"router", "monitor", "profiler", "tuner", "worker"}
+    assert set(kinds.values()) == {"router", "monitor", "profiler", "tuner", "optimizer", "worker"}
     scaled = {name for name, kind in kinds.items() if kind == "worker"}
     # one container each: by name; workers (--scale) by every address Docker's DNS returns
     assert static == {f"{name}:{port}" for name in kinds if name not in scaled}

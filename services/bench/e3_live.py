@@ -30,6 +30,10 @@ seconds of the same stream (sessions warm, batch profiles and plans made). Figur
 - mean batch per stage: from the workers' own batch-size histograms;
 - E3's plans (versions, reasons, optimizer time) and the forecast MAPE of its batch
   profiles (ARIMA and naive against what each window observed).
+
+With ``--adapt`` the tuner runs beside the compute-mode policies: it starts from the same
+thresholds and adapts them on the shadow feedback, under the accuracy constraint; without,
+their thresholds stay as tuned on the trace (static).
 """
 
 from __future__ import annotations
@@ -76,7 +80,8 @@ def trace_inputs(manifest, n: int) -> list[dict[str, np.ndarray]]:
     return out[:n]
 
 
-def bench_config(home: Path, models_dir: Path, model: str, batch: int, slo_ms: float):
+def bench_config(home: Path, models_dir: Path, model: str, batch: int, slo_ms: float,
+                 adapt: bool = False):
     from services.common import config
 
     return replace(config.load(), home=home, models_dir=models_dir, models=(model,),
@@ -84,7 +89,7 @@ def bench_config(home: Path, models_dir: Path, model: str, batch: int, slo_ms: f
                    max_batch=batch, default_slo_ms=slo_ms, ort_threads=1,
                    queue_limit=100_000, ramp_feature_rate=0.0,
                    profile_window_s=PROFILE_WINDOW_S, plan_interval_s=PLAN_INTERVAL_S,
-                   adapt=False)
+                   adapt=adapt)
 
 
 @contextmanager
@@ -235,7 +240,8 @@ def live_options(args) -> dict[str, Any]:
     warm = WARM_S if warm is None else float(warm)
     return {**opt, "batch": opt["batches"][-1] if getattr(args, "batches", None) is None
             else opt["batches"][0], "mix": opt["mixes"][0], "workers": int(workers),
-            "seconds": float(seconds), "warm_s": warm}
+            "seconds": float(seconds), "warm_s": warm,
+            "adapt": bool(getattr(args, "adapt", False))}
 
 
 def run_policy(cfg, setup, model: str, policy: str, rate: float, opt: dict[str, Any],
@@ -268,7 +274,6 @@ def run_live(args) -> dict[str, Any]:
     import shutil
 
     from services.bench.e3 import build_setup
-    from services.bench.report import machine
     from services.common import config
     from services.runtime.manifest import Manifest
 
@@ -285,10 +290,12 @@ def run_live(args) -> dict[str, Any]:
     b = opt["batch"]
     batch_ms = float(cpu.table.blocks_at(b).sum())
     slo_ms = opt["slo_ms"] or 10.0 * float(cpu.table.blocks_at(16).sum())
-    capacity = opt["workers"] * b / (batch_ms / 1e3)
+    # the profile ran one process on every core: what vanilla gets from this machine, however
+    # many workers share it
+    capacity = b / (batch_ms / 1e3)
     say(f"{model}: {len(useful)} useful ramps {useful}; batch {b} takes {batch_ms:.2f} ms "
-        f"(measured, default threads): vanilla with {opt['workers']} workers ~{capacity:.0f} "
-        f"req/s; SLO {slo_ms:.0f} ms")
+        f"(measured on all cores): vanilla ~{capacity:.0f} req/s on this machine; SLO "
+        f"{slo_ms:.0f} ms{'; the tuner adapts compute-mode runs' if opt['adapt'] else ''}")
     xs = trace_inputs(manifest, setup.trace.n_samples)
     n_max = math.ceil(min(LOAD * capacity, MAX_RATE) * (opt["warm_s"] + opt["seconds"])) + 1
     samples = pol.mix_stream(setup.easy, setup.hard, pol.parse_mix(opt["mix"]), n_max,
@@ -297,7 +304,8 @@ def run_live(args) -> dict[str, Any]:
 
     def home(policy: str):
         d = root / policy
-        return bench_config(d, base.models_dir, model, b, slo_ms)
+        return bench_config(d, base.models_dir, model, b, slo_ms,
+                            opt["adapt"] and policy != "vanilla")
 
     shutil.rmtree(root, ignore_errors=True)
     rate = min(LOAD * capacity, MAX_RATE)
@@ -306,18 +314,29 @@ def run_live(args) -> dict[str, Any]:
     common_rate = COMMON_LOAD * min(f["goodput_rps"] for f in saturated.values())
     common = {p: run_policy(home(p), setup, model, p, common_rate, opt, xs, samples, slo_ms,
                             useful, thresholds, say) for p in POLICIES}
+    return assemble(opt, model, slo_ms, useful, thresholds, saturated, common, home("e3"),
+                    setup.info)
+
+
+def assemble(opt: dict[str, Any], model: str, slo_ms: float, useful: list[int],
+             thresholds: dict[int, float], saturated: dict[str, Any], common: dict[str, Any],
+             e3_cfg, info: dict[str, Any]) -> dict[str, Any]:
+    """The JSON document: both phases, and per policy the keys the issue names (the
+    saturated goodput and agreement, the common phase's latency and cost)."""
+    from services.bench.report import machine
+
+    plans = [p for f in (saturated["e3"], common["e3"]) for p in f.get("plans", [])]
     doc: dict[str, Any] = {
         "mode": "live", "model": model, "machine": machine(), "workers": opt["workers"],
-        "batch": b, "mix": opt["mix"], "seed": opt["seed"], "slo_ms": slo_ms,
-        "seconds": opt["seconds"], "warm_s": opt["warm_s"], "useful_ramps": useful,
-        "thresholds": {str(k): v for k, v in thresholds.items()},
+        "batch": opt["batch"], "mix": opt["mix"], "seed": opt["seed"], "slo_ms": slo_ms,
+        "seconds": opt["seconds"], "warm_s": opt["warm_s"], "adapt": opt["adapt"],
+        "useful_ramps": useful, "thresholds": {str(k): v for k, v in thresholds.items()},
         "saturated": saturated, "common": common,
-        "forecast_mape": forecast_errors(home("e3"), model),
-        "optimizer_ms": percentile([p["optimizer_ms"] for f in (saturated["e3"], common["e3"])
-                                    for p in f.get("plans", []) if p["optimizer_ms"] is not None],
-                                   50),
-        "setup": setup.info}
-    for p in POLICIES:  # the keys the issue names: the saturated goodput, the common latency
+        "forecast_mape": forecast_errors(e3_cfg, model),
+        "optimizer_ms": percentile([p["optimizer_ms"] for p in plans
+                                    if p["optimizer_ms"] is not None], 50),
+        "setup": info}
+    for p in POLICIES:
         doc[p] = {"goodput_rps": saturated[p]["goodput_rps"], "p50_ms": common[p]["p50_ms"],
                   "p99_ms": common[p]["p99_ms"], "agreement": saturated[p]["agreement"],
                   "cost": common[p]["cost"]}
@@ -329,7 +348,8 @@ def table(doc: dict[str, Any]) -> str:
         return "-" if x is None else format(x, fmt)
 
     lines = [(f"bench e3 (live, {doc['model']}, {doc['workers']} workers, batch {doc['batch']}, "
-             f"mix {doc['mix']}, SLO {doc['slo_ms']:.0f} ms)"),
+             f"mix {doc['mix']}, SLO {doc['slo_ms']:.0f} ms, thresholds "
+             f"{'adapted by the tuner' if doc.get('adapt') else 'static'})"),
              ("| policy | goodput (saturated) | agreement | p50 / p99 (common rate) | cost "
              "(worker-s / 1000, common) | mean batch by stage (saturated) |"),
              "|---|---|---|---|---|---|"]

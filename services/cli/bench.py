@@ -75,6 +75,8 @@ def e3_arguments(bench: argparse.ArgumentParser) -> None:
                        help="e3 live: worker processes per policy (default 2)")
     bench.add_argument("--seconds", type=float, metavar="S",
                        help="e3 live: measured seconds per phase (default 40)")
+    bench.add_argument("--adapt", action="store_true",
+                       help="e3 live: the tuner adapts the compute-mode runs' thresholds")
     bench.add_argument("--warm-s", type=float, metavar="S",
                        help="e3 live: seconds of the stream before a phase is measured (default 20)")
     bench.add_argument("--devices", metavar="N,...",

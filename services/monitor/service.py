@@ -23,6 +23,7 @@ from schemas.messages import decode_map
 from schemas.telemetry import RequestTelemetry, SampleTelemetry
 from services.common import bus, logs, metrics
 from services.common.config import Config
+from services.common.stats import wilson_interval
 from services.monitor.profile_windows import ProfileWindow, SampleBatch, WindowTracker, utc_datetime
 from services.store.repository import Store
 
@@ -102,7 +103,9 @@ class Monitor:
 
     async def on_status(self, msg: Msg) -> None:
         out = {m: {"config_version": w.config_version, "samples": w.samples,
-                   "agreement": w.agreement, "exit_rate": w.exit_rate,
+                   "agreement": w.agreement,
+                   "agreement_ci": list(wilson_interval(w.agree, w.samples) or (1.0, 1.0)),
+                   "exit_rate": w.exit_rate,
                    "ramp_exit_rates": {r: c / w.samples for r, c in w.exits.items()},
                    "window_end": w.end}
                for m, w in self.windows.latest.items()}

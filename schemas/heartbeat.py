@@ -35,6 +35,12 @@ class Heartbeat:
     # stage-0 batches it holds (received, not yet released); None: it does not say. A
     # router settles a batch it sent that a later heartbeat does not list (lost in transit)
     held: tuple[str, ...] | None = None
+    pool: str = ""          # the pool worker (process) serving this role; "" for a fixed one
+    # batches it ran since its previous heartbeat: how many, their samples and compute ms in
+    # all (the optimizer compares them with the device class's profile: stragglers)
+    ran: int = 0
+    ran_rows: int = 0
+    ran_ms: float = 0.0
 
     def encode(self) -> bytes:
         return pack({"v": SCHEMA_VERSION, "worker": self.worker, "model": self.model,
@@ -46,7 +52,9 @@ class Heartbeat:
                      "gave_way": int(self.gave_way), "late": int(self.late),
                      "config_version": int(self.config_version),
                      "t": float(self.t),
-                     **({} if self.held is None else {"held": list(self.held)})})
+                     **({} if self.held is None else {"held": list(self.held)}),
+                     "pool": self.pool, "ran": int(self.ran), "ran_rows": int(self.ran_rows),
+                     "ran_ms": float(self.ran_ms)})
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> Heartbeat:
@@ -59,4 +67,6 @@ class Heartbeat:
                    set_aside=f.integer("set_aside", 0), gave_way=f.integer("gave_way", 0),
                    late=f.integer("late", 0),
                    config_version=f.integer("config_version", 0), t=f.number("t", 0.0),
-                   held=None if msg.get("held") is None else tuple(f.texts("held")))
+                   held=None if msg.get("held") is None else tuple(f.texts("held")),
+                   pool=f.text("pool", ""), ran=f.integer("ran", 0),
+                   ran_rows=f.integer("ran_rows", 0), ran_ms=f.number("ran_ms", 0.0))

@@ -18,12 +18,15 @@ from typing import Any
 from nats.aio.client import Client
 
 from schemas import subjects
+from schemas.heartbeat import Heartbeat
+from schemas.messages import decode_map
 from schemas.plans import Plan
 from services.common import bus, logs
 from services.common.config import Config
 from services.optimizer import plan_inputs as pi
 from services.optimizer.replan import Basis, replan_reason
 from services.optimizer.splits import plan as make_plan
+from services.optimizer.stragglers import StragglerWatch
 from services.store.repository import Store
 
 STORE_HEARTBEAT_S = 2.0     # how often pool workers write their row (the worker's cadence)
@@ -46,6 +49,45 @@ class Optimizer:
                                   slack=cfg.plan_slack, alpha=cfg.plan_alpha)
         self.basis: dict[str, Basis | None] = {}
         self.plans = 0
+        self.watch = StragglerWatch()
+        self.roles: dict[str, tuple[str, int, int]] = {}  # pool worker -> model, blocks
+
+    async def on_heartbeat(self, msg: Any) -> None:
+        """A pool worker's batches since its last heartbeat, for straggler detection."""
+        try:
+            hb = Heartbeat.decode(decode_map(msg.data))
+        except Exception:  # noqa: BLE001 - not ours to police: the router logs bad ones
+            return
+        if hb.pool:
+            self.roles[hb.pool] = (hb.model, hb.first_block, hb.last_block)
+            self.watch.observe(hb.pool, hb.ran, hb.ran_rows, hb.ran_ms)
+
+    def check_stragglers(self) -> None:
+        """Close the straggler window: mark workers slower than their profile (the next
+        look re-plans without them: the inventory changed) and clear recovered ones."""
+        devices = {w["worker_id"]: w["device"] for w in self.store.workers()}
+        tables: dict[tuple[str, str], Any] = {}
+
+        def expected(pool: str, rows: float) -> float | None:
+            model, first, last = self.roles.get(pool, ("", 0, 0))
+            device = devices.get(pool)
+            if not model or not device:
+                return None
+            key = (model, device)
+            if key not in tables:
+                row = self.store.model(model)
+                tables[key] = None if row is None else pi.latency_table(
+                    self.store.latency_profile(model, device), pi.geometry(row["manifest"]))
+            table = tables[key]
+            return None if table is None else float(table.blocks_at(rows)[first:last].sum())
+
+        marked, cleared = self.watch.close_window(expected)
+        for pool in marked:
+            self.store.mark_straggler(pool, utcnow())
+            self.log.warning("straggler %s", logs.kv(worker=pool, margin=self.watch.margin))
+        for pool in cleared:
+            self.store.mark_straggler(pool, None)
+            self.log.info("straggler recovered %s", logs.kv(worker=pool))
 
     def consider(self, model: str, now: float) -> tuple[Plan | None, bool]:
         """The plan in force for ``model`` after this look (its newest feasible plan), and
@@ -116,6 +158,10 @@ class Optimizer:
 
     async def tick(self) -> bool:
         """One look at every model; True when each has a plan in force."""
+        try:
+            await asyncio.to_thread(self.check_stragglers)
+        except Exception:  # store hiccup: the next window judges again
+            self.log.exception("straggler check failed")
         planned = True
         for model in self.cfg.models:
             try:
@@ -152,6 +198,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     store = Store(cfg.database_url)
     nc = await bus.connect_as(cfg, "optimizer", "offramp-optimizer")
     optimizer = Optimizer(nc, cfg, store, log)
+    await nc.subscribe(subjects.HEARTBEAT, cb=optimizer.on_heartbeat)
     for model in cfg.models:  # a planned model is served in compute mode (E3)
         row = await asyncio.to_thread(store.ensure_exit_mode, model, "compute",
                                       "compute mode: planned by the optimizer (E3)")

@@ -234,6 +234,7 @@ class ComputeMode:
         if not batch.shadow:
             self.batch_sizes.observe(n)
             self.stage_seconds.observe(out.ms / 1e3)
+            self.note_batch(n, out.ms)
         for k, (b, received) in enumerate(job.parts):
             lo = int(starts[k])
             mine = (out.rows >= lo) & (out.rows < lo + sizes[k])

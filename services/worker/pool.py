@@ -85,7 +85,7 @@ class PoolWorker:
         self.log.info("taking role %s", logs.kv(plan=plan.version, model=plan.model,
                                                  stage=role.stage,
                                                  blocks=f"{role.first_block}:{role.last_block}"))
-        return await start_role(self.nc, self.cfg, self.store, self.log, stage, role)
+        return await start_role(self.nc, self.cfg, self.store, self.log, stage, role, self.id)
 
     async def _retire(self, key: tuple[Any, ...] | None, new: Role | None) -> None:
         """Make ``new`` the role served (after it is ready) and retire the old one."""

@@ -118,6 +118,8 @@ class Worker(ComputeMode):
         self.shadow = ShadowSampler(cfg.shadow_rate)  # compute mode's feedback sample
         self.stopping = False
         self.retiring = False  # leaving its role: routers send it nothing new
+        self.pool_id = ""      # the pool worker serving this role, if any
+        self.ran = [0, 0, 0.0]  # batches, samples, compute ms since the last heartbeat
         self.batches = 0
         self.stage_ms = sum(b.cost_ms for b in manifest.blocks[plan.first_block:plan.last_block]) + \
             sum(r.cost_ms for r in self.ramps)
@@ -208,6 +210,11 @@ class Worker(ComputeMode):
         self.runtime.warm(config.active, config.heads, False)
         if self.want_features:
             self.runtime.warm(config.active, config.heads, True)
+
+    def note_batch(self, rows: int, ms: float) -> None:
+        """Count a batch for the next heartbeat (from the compute thread: one list swap)."""
+        b, r, m = self.ran
+        self.ran = [b + 1, r + rows, m + ms]
 
     def mode(self) -> str:
         """The exit mode the next batch runs in."""
@@ -359,6 +366,7 @@ class Worker(ComputeMode):
             self.backlog.rerun += 1
         else:
             self.stage_seconds.observe(out.ms / 1e3)
+            self.note_batch(len(batch.ids), out.ms)
         stage_ms = batch.stage_ms + [out.ms]
         if not self.plan.is_last:
             self.forward_to_next_stage(batch, config, received, out, stage_ms)
@@ -619,7 +627,9 @@ class Worker(ComputeMode):
                 host=host, busy=self.busy, queued=self.queue.qsize(), batches=self.batches,
                 set_aside=len(self.backlog), gave_way=self.backlog.cut, late=self.late_answers,
                 config_version=self.config.version, t=time.time(),
-                held=tuple(self.held.copy())).encode())
+                held=tuple(self.held.copy()), pool=self.pool_id, ran=self.ran[0],
+                ran_rows=self.ran[1], ran_ms=self.ran[2]).encode())
+            self.ran = [0, 0, 0.0]
             if self.store is not None and now - last_store > STORE_HEARTBEAT_S:
                 last_store = now
                 spawn(asyncio.to_thread(self._store_heartbeat, host, pid, "up"), self.tasks, self.log)
@@ -645,9 +655,9 @@ class Role:
 
 
 async def start_role(nc: Client, cfg: Config, store, log, plan: StagePlan,
-                     stage_role: StageRole | None = None) -> Role:
-    """Load ``plan``'s stage and start serving it on ``nc`` (``stage_role``: as a pool
-    worker's role in a deployment plan, with that stage's batch, hold and ramps)."""
+                     stage_role: StageRole | None = None, pool_id: str = "") -> Role:
+    """Load ``plan``'s stage and start serving it on ``nc`` (``stage_role``: as pool worker
+    ``pool_id``'s role in a deployment plan, with that stage's batch, hold and ramps)."""
     model_dir = cfg.models_dir / plan.model
     manifest = await asyncio.to_thread(Manifest.load, model_dir)
     spin = spin_for(cfg.ort_spin, None)  # auto: off unless the supervisor resolved it on
@@ -655,6 +665,7 @@ async def start_role(nc: Client, cfg: Config, store, log, plan: StagePlan,
         lambda: StageRuntime(model_dir, manifest, plan.first_block, plan.last_block,
                              device=cfg.device, threads=cfg.ort_threads, spin=spin))
     worker = Worker(nc, cfg, plan, manifest, runtime, store, log)
+    worker.pool_id = pool_id
     if stage_role is not None:
         worker.take_plan_role(stage_role)
     row = await asyncio.to_thread(store.latest_exit_config, plan.model) if store else None

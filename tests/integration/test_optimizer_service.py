@@ -134,3 +134,30 @@ def test_plans_are_broadcast_on_the_bus(ready: Store, tmp_path: Path, url: str) 
 
     got = asyncio.run(run())
     assert [p.version for p in got] == [1, 1]
+
+
+def test_a_straggler_is_marked_and_left_out_of_the_next_plan(ready: Store, tmp_path, url):
+    from types import SimpleNamespace
+
+    from schemas.heartbeat import Heartbeat
+
+    opt = Optimizer(None, cfg(tmp_path, url), ready, LOG)
+    first, _ = opt.consider("m", 1000.0)
+
+    def beat(pool: str, ms_per_batch: float) -> SimpleNamespace:
+        # 4 batches of 16 over blocks 0..3; the profile says 4 x (0.5 + 16 / 4) = 18 ms each
+        return SimpleNamespace(data=Heartbeat(f"m-s0-{pool[-1]}", "m", 0, 1, 2, 0, 4,
+                                              pool=pool, ran=4, ran_rows=64,
+                                              ran_ms=4 * ms_per_batch).encode())
+
+    for _ in range(3):
+        asyncio.run(opt.on_heartbeat(beat("pool-a", 40.0)))  # 2.2x its profile
+        asyncio.run(opt.on_heartbeat(beat("pool-b", 18.0)))
+        opt.check_stragglers()
+    marks = {w["worker_id"]: w["straggler_since"] for w in ready.workers()}
+    assert marks["pool-a"] is not None and marks["pool-b"] is None
+    plan, new = opt.consider("m", 1010.0)
+    assert new and plan.reason.startswith("inventory: -pool-a@cpu-2c")
+    assert "pool-a" not in {w for s in plan.stages for w in s.workers}
+    pool(ready, "pool-a")  # still alive and heartbeating: the mark stays
+    assert next(w for w in ready.workers() if w["worker_id"] == "pool-a")["straggler_since"]

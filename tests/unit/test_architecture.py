@@ -32,6 +32,7 @@ POLICY_MODULES = {
     "services.optimizer.plan_inputs",
     "services.optimizer.replan",
     "services.optimizer.split_search",
+    "services.optimizer.stragglers",
     "services.optimizer.splits",
     "services.profiler.batch_profile",
     "services.profiler.survival_forecast",

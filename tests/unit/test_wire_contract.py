@@ -564,7 +564,8 @@ def assert_refused(decode: Any, msg: Any, *fragments: str) -> None:
 HEARTBEAT = Heartbeat(worker="tiny-s1-abcdef", model="tiny", stage=1, stages=2, capacity=2,
                       first_block=2, last_block=4, pid=4321, host="node-1", busy=True, queued=3,
                       batches=17, set_aside=1, gave_way=5, late=2, config_version=6,
-                      t=1700000000.25, held=("b-1", "b-2"))
+                      t=1700000000.25, held=("b-1", "b-2"), pool="pool-node-1-4321-ab12",
+                      ran=3, ran_rows=40, ran_ms=61.5)
 
 
 def test_heartbeat_fields_round_trip_and_bytes() -> None:
@@ -572,7 +573,8 @@ def test_heartbeat_fields_round_trip_and_bytes() -> None:
     msg = client_decode(data)
     section = readme_section("Heartbeat")
     assert list(msg) == ["v", *table_order(section)]
-    types = {"worker": str, "model": str, "host": str, "busy": bool, "t": float, "held": list}
+    types = {"worker": str, "model": str, "host": str, "busy": bool, "t": float, "held": list,
+             "pool": str, "ran_ms": float}
     for name, value in msg.items():
         assert type(value) is types.get(name, int), name
     assert data == documented_bytes(section, msg)

@@ -56,7 +56,7 @@ from services.common.stats import percentile
 from services.launcher.exit_config import set_exit_config
 from services.launcher.supervisor import Deployment, Supervisor, prepare_state
 from services.loadgen.drive import await_config, drive_open
-from services.profiler.batch_profile import mape
+from services.profiler.batch_profile import mape, wape
 from services.sim import e3_policies as pol
 from services.store.repository import Store
 from services.workloads.arrivals import poisson
@@ -67,6 +67,7 @@ COMMON_LOAD = 0.6   # common phase: x the lowest saturated goodput
 WARM_S = 20.0       # seconds of the stream before a phase is measured
 PROFILE_WINDOW_S = 4.0
 PLAN_INTERVAL_S = 30.0
+MIN_WINDOW_SAMPLES = 200
 POLICIES = ("vanilla", "naive_ee", "e3")
 
 
@@ -213,16 +214,19 @@ def workers_in_plan(cfg, model: str) -> int | None:
 
 
 def forecast_errors(cfg, model: str) -> dict[str, Any]:
-    """MAPE of the E3 run's batch-profile forecasts (ARIMA, naive) against what each
-    window observed, over the windows that have both."""
+    """MAPE (and WAPE) of the E3 run's batch-profile forecasts (ARIMA, naive) against what
+    each window observed, over the windows that have both and at least
+    ``MIN_WINDOW_SAMPLES`` samples (a window of a few dozen is mostly binomial noise)."""
     with Store(cfg.database_url) as store:
         rows = [r for r in store.batch_profiles(model) if r["observed"] is not None]
-    both = [r for r in rows if r["forecast"] is not None and r["forecast_naive"] is not None]
+    both = [r for r in rows if r["forecast"] is not None and r["forecast_naive"] is not None
+            and (r["samples"] or 0) >= MIN_WINDOW_SAMPLES]
     obs = [[r["observed"]] for r in both]
+    arima, naive = [[r["forecast"]] for r in both], [[r["forecast_naive"]] for r in both]
     return {"windows": len({r["window_start"] for r in both}), "pairs": len(both),
-            "arima_mape": mape([[r["forecast"]] for r in both], obs),
-            "naive_mape": mape([[r["forecast_naive"]] for r in both], obs),
-            "window_s": PROFILE_WINDOW_S}
+            "arima_mape": mape(arima, obs), "naive_mape": mape(naive, obs),
+            "arima_wape": wape(arima, obs), "naive_wape": wape(naive, obs),
+            "window_s": PROFILE_WINDOW_S, "min_window_samples": MIN_WINDOW_SAMPLES}
 
 
 def live_options(args) -> dict[str, Any]:

@@ -68,7 +68,7 @@ class Profiler:
         self.store = store
         self.log = log
         self.batch_sizes = batch_sizes
-        self.device = device_class(cfg.device)
+        self.device = device_class(cfg.device, threads=cfg.ort_threads)
         self.cancel = threading.Event()
         # (model, version) profiled by this process: never again, even when clocks of the
         # registering host and this one disagree about measured_at vs updated_at.

@@ -36,14 +36,18 @@ def pick_providers(device: str = "auto") -> list[str]:
     raise ValueError(f"unknown device {device!r}; use auto, cuda or cpu")
 
 
-def device_class(device: str = "auto", providers: list[str] | None = None) -> str:
+def device_class(device: str = "auto", providers: list[str] | None = None,
+                 threads: int = 0) -> str:
     """Profiles are only comparable on like hardware: "cpu-<cores>c", or the GPU's name
     when ONNX Runtime runs on CUDA (``providers``: those a session really got, else the
-    ones ``device`` asks for)."""
+    ones ``device`` asks for). On CPU a worker limited to ``threads`` intra-op threads
+    (``OFFRAMP_ORT_THREADS``) is a class of its own, "cpu-<cores>c-<threads>t": several
+    such workers share the machine, and a profile taken on every core would promise each
+    of them the whole of it."""
     providers = pick_providers(device) if providers is None else providers
     if providers and providers[0] == CUDA and gpu_present():
         return gpu_name() or "cuda"
-    return f"cpu-{cores()}c"
+    return f"cpu-{cores()}c" + (f"-{threads}t" if 0 < threads < cores() else "")
 
 
 def cores() -> int:

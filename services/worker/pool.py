@@ -44,7 +44,7 @@ def role_key(plan: Plan, role: StageRole) -> tuple[Any, ...]:
 class PoolWorker:
     def __init__(self, nc: Client, cfg: Config, store: Any, log: Any) -> None:
         self.nc, self.cfg, self.store, self.log = nc, cfg, store, log
-        self.device = device_class(cfg.device)
+        self.device = device_class(cfg.device, threads=cfg.ort_threads)
         self.id = f"pool-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self.versions: dict[str, int] = {}  # model -> newest plan version seen
         self.key: tuple[Any, ...] | None = None

@@ -124,7 +124,7 @@ class Worker(ComputeMode):
         self.stage_ms = sum(b.cost_ms for b in manifest.blocks[plan.first_block:plan.last_block]) + \
             sum(r.cost_ms for r in self.ramps)
         self.started = datetime.now(UTC).replace(tzinfo=None)
-        self.device = device_class(cfg.device)  # the profiles' key for this hardware
+        self.device = device_class(cfg.device, threads=cfg.ort_threads)  # the profiles' key
         # compute mode: later stages fuse to the router's batch size, holding a partial
         # batch at most the plan's slack of the default SLO
         self.init_compute(cfg.max_batch, cfg.plan_slack * cfg.default_slo_ms)

@@ -181,7 +181,9 @@ class ExitController:
     # ------------------------------------------------------------------ feedback
     @property
     def capacity(self) -> int:
-        return max(self.window, self.tune_window, self.adjust_every, self.adjust_window)
+        """Samples remembered: what the windows, tunes and adjust rounds read (a round reads
+        ``adjust_window``, however rarely it comes: compute mode has none)."""
+        return max(self.window, self.tune_window, self.adjust_window)
 
     def observe(self, batch: ExitWindow) -> list[TunerDecision]:
         """Record a batch and act on whatever became due (what the live tuner calls)."""

@@ -44,6 +44,7 @@ from services.runtime.ramp_heads import load_head, save_head
 from services.store.repository import Store
 from services.tuner import climb_native
 from services.tuner.controller import ExitController, TunerDecision
+from services.tuner.ramp_adjust import ADJUST_EVERY
 from services.tuner.ramp_learner import LearnerConfig, RampLearner, soft_temperature
 
 STATE_EVERY_S = 5.0  # also save the controller state this often while feedback arrives
@@ -72,6 +73,9 @@ def head_version(file: str) -> int:
     0 for a prepared head."""
     m = re.search(r"\.v(\d+)\.[0-9a-f]+\.onnx$", file)
     return int(m.group(1)) if m else 0
+
+
+NEVER = 2**62  # adjust_every of a compute-mode controller: no ramp-adjustment rounds
 
 
 class ModelTuner:
@@ -159,12 +163,18 @@ class Tuner:
         wire_evidence(tuner)
 
     def _fresh(self, manifest: Manifest, latest) -> ExitController:
+        """A controller starting from ``latest``. In compute mode it tunes thresholds only:
+        which ramps run is the deployment plan's exit wrapper's call (E3 §3.4), and the
+        ramp budget is a latency-mode notion, so it never adjusts the active set."""
         ramps = sorted(r.index for r in manifest.ramps)
         active = sorted(int(r) for r in latest.active) if latest is not None else ramps
         th = {int(k): float(v) for k, v in (latest.thresholds if latest is not None else {}).items()}
+        compute = latest is not None and latest.mode == "compute"
         return ExitController(LatencyProfile.from_manifest(manifest), active, [th.get(r, 0.0) for r in active],
                               constraint=self.cfg.accuracy_loss, budget=self.cfg.ramp_budget,
-                              climb=climb_native.best_climb(self.cfg.tuner_native))
+                              climb=climb_native.best_climb(self.cfg.tuner_native),
+                              adjust_every=NEVER if compute else ADJUST_EVERY,
+                              adjust_window=2 * ADJUST_EVERY)
 
     async def on_samples(self, msg: Msg) -> None:
         try:

@@ -56,3 +56,17 @@ def test_resume_with_other_sites_starts_from_the_config_in_force(tuner, models_d
     got = tuner.load(MODEL).controller
     assert got.profile.n_sites == len(manifest.ramps)
     assert got.active == (0, 1) and got.thresholds == (0.1, 0.2) and got.seen == 0
+
+
+def test_in_compute_mode_the_tuner_tunes_thresholds_and_leaves_the_active_set_to_plans(
+        tuner, models_dir):
+    from services.tuner.service import NEVER
+
+    tuner.store.save_exit_config(MODEL, {0: 0.1, 1: 0.2}, [0, 1], "compute", "test")
+    got = tuner.load(MODEL)
+    assert got.mode == "compute"
+    assert got.controller.adjust_every == NEVER  # no ramp-adjustment rounds
+    assert got.controller.capacity <= 1024  # and no unbounded memory for them
+    tuner.store.save_exit_config(MODEL, {0: 0.1, 1: 0.2}, [0, 1], "latency", "test")
+    back = tuner.load(MODEL)
+    assert back.mode == "latency" and back.controller.adjust_every < NEVER

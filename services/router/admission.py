@@ -16,6 +16,10 @@ from services.router.policy import QueueView
 MAX_ATTEMPTS = 3             # dispatches of one request before giving up after worker losses
 NO_WORKER_GRACE_S = 2.0      # a model with no live worker this long answers no_workers
 MISSED_HEARTBEATS = 3        # a worker silent for this many heartbeat periods is lost
+# A request its first stage released (its batch went on to a later stage) that nobody has
+# answered this long past its deadline was lost with a later stage's worker: a live worker
+# answers a late request itself (deadline_exceeded) as soon as it gets to it.
+DOWNSTREAM_GRACE_S = 5.0
 SERVICE_FLOOR_MS = 5.0       # the first estimate never promises less than this
 FIRST_ESTIMATE_FACTOR = 2.0  # the profiled full-model time leaves out queueing and transfer
 SERVICE_EWMA_WEIGHT = 0.2    # weight of the newest batch in the running estimate

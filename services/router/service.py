@@ -9,6 +9,7 @@ by a worker that stops heart-beating goes back to the queue.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 import uuid
 from collections import Counter, deque
@@ -114,6 +115,8 @@ class Router:
         self.metered = {name: ModelMetrics(name) for name in specs}
         self.registry = WorkerRegistry(timeout_s=admission.worker_timeout_s(cfg.heartbeat_ms))
         self.pending: dict[str, Pending] = {}
+        # (give-up time, id) of requests a first stage released unanswered: in later stages
+        self.downstream: list[tuple[float, str]] = []
         self.tasks: set[asyncio.Task] = set()
         self.started = time.monotonic()
         self.heard_until = self.started  # see on_tick
@@ -277,6 +280,10 @@ class Router:
         if res.release:
             inflight = self.registry.release(res.worker, res.batch_id)
             if inflight is not None:
+                for e in inflight.entries:
+                    if not e.replied:
+                        heapq.heappush(self.downstream,
+                                       (e.deadline + admission.DOWNSTREAM_GRACE_S, e.id))
                 state = self.models[inflight.model]
                 elapsed = (now - inflight.dispatched) * 1e3
                 state.service_ms = admission.updated_service_ms(state.service_ms, elapsed)
@@ -448,6 +455,13 @@ class Router:
             self.log.warning("worker lost %s", logs.kv(worker=dead.id, model=dead.model,
                                                        stage=dead.stage, inflight=len(dead.inflight)))
             self._take_back(dead.inflight.values())
+        while self.downstream and self.downstream[0][0] <= now:
+            _, rid = heapq.heappop(self.downstream)
+            e = self.pending.get(rid)
+            if e is not None and not e.replied:
+                self.reply_error(e, errors.DEADLINE_EXCEEDED, "no answer by its deadline: "
+                                 "its batch left the first stage and no later stage answered "
+                                 "(a stage worker was lost)")
         for name, state in self.models.items():
             for e in state.queue.expire(now):
                 self.reply_error(e, errors.DEADLINE_EXCEEDED, "deadline passed while queued")

@@ -142,7 +142,7 @@ def test_a_straggler_is_marked_and_left_out_of_the_next_plan(ready: Store, tmp_p
     from schemas.heartbeat import Heartbeat
 
     opt = Optimizer(None, cfg(tmp_path, url), ready, LOG)
-    first, _ = opt.consider("m", 1000.0)
+    opt.consider("m", 1000.0)
 
     def beat(pool: str, ms_per_batch: float) -> SimpleNamespace:
         # 4 batches of 16 over blocks 0..3; the profile says 4 x (0.5 + 16 / 4) = 18 ms each

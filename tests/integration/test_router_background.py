@@ -238,3 +238,48 @@ def test_an_estimate_inflated_by_a_backlog_does_not_refuse_everything_forever(mo
     monkeypatch.setattr(router, "reply_error", lambda e, code, message: replies.append(code))
     router._dispatch_ready("tiny", state)
     assert replies == [errors.DEADLINE_EXCEEDED] and len(published) == 1
+
+
+def test_requests_a_first_stage_released_and_no_later_stage_answered_get_an_error(monkeypatch):
+    """A later stage's worker lost with the rows it held: its requests are answered
+    deadline_exceeded once their deadline is well past, exactly once; answered ones are
+    left alone."""
+    from schemas.messages import Results
+    from services.router import admission
+    from services.router.workers import Inflight
+
+    writes = _capture_writes(monkeypatch)
+
+    async def run() -> Router:
+        router = _router()
+        entries = [Pending(id=f"r{i}", model="tiny", reply=f"_INBOX.client.a.{i}",
+                           inputs={"x": np.zeros(16, "<f4")}, arrival=0.0, deadline=10.0)
+                   for i in range(3)]
+        for e in entries:
+            router.pending[e.id] = e
+        router.registry.workers["w0"] = SimpleNamespace(
+            inflight={"b1": Inflight("b1", "w0", "tiny", entries, 0.0, 3)})
+        monkeypatch.setattr(router.registry, "release",
+                            lambda w, b: router.registry.workers[w].inflight.pop(b, None))
+        empty = np.zeros(0, np.int32)
+        router.on_results(SimpleNamespace(data=Results(
+            "b1", "w0", 0, [], empty, empty.astype(np.float32), empty, None, False, 1,
+            release=True).encode()))  # stage 0 forwarded all three and released
+        router.on_results(SimpleNamespace(data=Results(
+            "b1", "w1", 1, ["r0"], np.array([3], np.int32), np.array([0.1], np.float32),
+            np.array([-1], np.int32), None, False, 1).encode()))  # a later stage answered r0
+        router.registry.workers.clear()  # (the stand-in has no heartbeat to expire by)
+        router._sweep(10.0 + admission.DOWNSTREAM_GRACE_S - 0.1)  # not yet
+        before = sum(len(w) for w in writes)
+        router._sweep(10.0 + admission.DOWNSTREAM_GRACE_S + 0.1)
+        router._sweep(10.0 + admission.DOWNSTREAM_GRACE_S + 1.0)  # once only
+        await asyncio.sleep(0)
+        router.before = before
+        return router
+
+    router = asyncio.run(run())
+    errors_sent = [decode_map(m[1]) for w in writes for m in w
+                   if m[0].startswith("_INBOX.client.a.")]
+    codes = {e["id"]: (e.get("error") or {}).get("code", "ok") for e in errors_sent}
+    assert codes == {"r0": "ok", "r1": "deadline_exceeded", "r2": "deadline_exceeded"}
+    assert len(errors_sent) == 3 and not router.downstream

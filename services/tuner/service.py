@@ -96,6 +96,16 @@ class ModelTuner:
         self.refitting = False
         self.refit_ms: list[float] = []
         self.mode = "latency"  # the exit mode of the config in force: the tuner keeps it
+        # compute mode: the config's active ramps and thresholds, kept whole while the
+        # controller tunes the subset the deployment plan runs
+        self.config_active: list[int] = []
+        self.config_thresholds: dict[int, float] = {}
+
+    def follow(self, config) -> None:
+        """Remember the mode, active ramps and thresholds of the config in force."""
+        self.mode = config.mode
+        self.config_active = sorted(int(r) for r in config.active)
+        self.config_thresholds = {int(k): float(v) for k, v in config.thresholds.items()}
 
 
 def wire_evidence(tuner: ModelTuner) -> None:
@@ -138,7 +148,7 @@ class Tuner:
             tuner = ModelTuner(name, self._fresh(manifest, latest),
                                latest.version if latest else 0, manifest, heads)
         if latest is not None:
-            tuner.mode = latest.mode
+            tuner.follow(latest)
         self._start_learning(tuner)
         return tuner
 
@@ -189,6 +199,7 @@ class Tuner:
         if window is None:
             return
         async with self.lock:
+            self._follow_plan(tuner, telemetry.ramp_ids)
             t0 = time.perf_counter()
             decisions = tuner.controller.observe(window)
             ms = (time.perf_counter() - t0) * 1e3
@@ -197,6 +208,25 @@ class Tuner:
                 await self._deploy(tuner, d, ms)
             if decisions or time.monotonic() - tuner.saved_at > STATE_EVERY_S:
                 await self._save_state(tuner)
+
+    def _follow_plan(self, tuner: ModelTuner, ran: list[int]) -> None:
+        """Compute mode: tune the active ramps that ran (a deployment plan's exit wrapper
+        may switch some off), so tunes find records that hold all of them; the others keep
+        their thresholds for when a plan runs them again."""
+        if tuner.mode != "compute":
+            return
+        running = tuple(sorted(set(ran) & set(tuner.config_active)))
+        if running == tuner.controller.active:
+            return
+        th = tuner.config_thresholds
+        tuner.controller = ExitController(
+            LatencyProfile.from_manifest(tuner.manifest), running,
+            [th.get(r, 0.0) for r in running], constraint=self.cfg.accuracy_loss,
+            budget=self.cfg.ramp_budget, climb=climb_native.best_climb(self.cfg.tuner_native),
+            adjust_every=NEVER, adjust_window=2 * ADJUST_EVERY)
+        wire_evidence(tuner)
+        self.log.info("tuning the ramps the plan runs %s", logs.kv(
+            model=tuner.name, ramps=",".join(map(str, running)) or "none"))
 
     async def on_features(self, msg: Msg) -> None:
         try:
@@ -294,13 +324,18 @@ class Tuner:
             await asyncio.to_thread(self.store.add_ramp_utilities, rows)
         if not d.changed and not heads_changed:
             return
+        compute = tuner.mode == "compute"  # the plan's subset was tuned: the rest stays
         thresholds = {r.index: 0.0 for r in tuner.manifest.ramps}
+        if compute:
+            thresholds.update(tuner.config_thresholds)
         thresholds.update({int(r): float(t) for r, t in zip(d.active, d.thresholds, strict=True)})
+        active = tuner.config_active if compute else list(d.active)
         reason = f"tuner {d.trigger}/{d.action}: {d.reason}"
         row = await asyncio.to_thread(self.store.save_exit_config, tuner.name, thresholds,
-                                      list(d.active), tuner.mode, reason[:2000], tuner.heads)
+                                      active, tuner.mode, reason[:2000], tuner.heads)
         tuner.deployed = row.version
-        config = ExitConfig(tuner.name, row.version, tuner.mode, thresholds, list(d.active),
+        tuner.config_thresholds = dict(thresholds)
+        config = ExitConfig(tuner.name, row.version, tuner.mode, thresholds, list(active),
                             tuner.controller.score, dict(tuner.heads))
         await self.nc.publish(subjects.exit_config(tuner.name), config.encode())
         metrics.TUNER_CONFIGS.labels(tuner.name, d.trigger).inc()  # rare: no child kept
@@ -328,7 +363,7 @@ class Tuner:
             latest = await asyncio.to_thread(self.store.latest_exit_config, config.model)
             tuner.controller = self._fresh(manifest, latest)
             tuner.deployed = latest.version if latest is not None else config.version
-            tuner.mode = latest.mode if latest is not None else config.mode
+            tuner.follow(latest if latest is not None else config)
             heads = dict(latest.heads) if latest is not None else dict(config.heads)
             await asyncio.to_thread(self._adopt_heads, tuner, heads)
             wire_evidence(tuner)

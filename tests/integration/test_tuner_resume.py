@@ -70,3 +70,30 @@ def test_in_compute_mode_the_tuner_tunes_thresholds_and_leaves_the_active_set_to
     tuner.store.save_exit_config(MODEL, {0: 0.1, 1: 0.2}, [0, 1], "latency", "test")
     back = tuner.load(MODEL)
     assert back.mode == "latency" and back.controller.adjust_every < NEVER
+
+
+def test_in_compute_mode_the_tuner_tunes_the_ramps_the_plan_runs_and_keeps_the_rest(
+        tuner, models_dir):
+    import asyncio
+    from types import SimpleNamespace
+
+    published = []
+
+    class Bus:
+        async def publish(self, subject, data):
+            published.append(subject)
+
+    tuner.nc = Bus()
+    tuner.store.save_exit_config(MODEL, {0: 0.1, 1: 0.2, 2: 0.3}, [0, 1, 2], "compute", "t")
+    mt = tuner.load(MODEL)
+    tuner._follow_plan(mt, [2, 0])  # the plan switched ramp 1 off
+    assert mt.controller.active == (0, 2) and mt.controller.thresholds == (0.1, 0.3)
+    d = SimpleNamespace(kind="tune", utilities=[], changed=True, active=(0, 2),
+                        thresholds=(0.05, 0.25), trigger="alert", action="tune", reason="test")
+    asyncio.run(tuner._deploy(mt, d, 0.1))
+    row = tuner.store.latest_exit_config(MODEL)
+    assert row.mode == "compute" and row.active == [0, 1, 2]  # the plan's choice, not ours
+    assert row.thresholds == {0: 0.05, 1: 0.2, 2: 0.25}  # ramp 1 keeps its threshold
+    assert published == [f"offramp.config.{MODEL}"]
+    tuner._follow_plan(mt, [0, 1, 2])  # a later plan runs all three again
+    assert mt.controller.active == (0, 1, 2) and mt.controller.thresholds == (0.05, 0.2, 0.25)

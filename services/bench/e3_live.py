@@ -215,12 +215,13 @@ def workers_in_plan(cfg, model: str) -> int | None:
 
 def forecast_errors(cfg, model: str) -> dict[str, Any]:
     """MAPE (and WAPE) of the E3 run's batch-profile forecasts (ARIMA, naive) against what
-    each window observed, over the windows that have both and at least
-    ``MIN_WINDOW_SAMPLES`` samples (a window of a few dozen is mostly binomial noise)."""
+    each window observed, over the windows the profiler judged (forecast under the same
+    exit config and ramps) with at least ``MIN_WINDOW_SAMPLES`` samples (a window of a few
+    dozen is mostly binomial noise)."""
     with Store(cfg.database_url) as store:
         rows = [r for r in store.batch_profiles(model) if r["observed"] is not None]
     both = [r for r in rows if r["forecast"] is not None and r["forecast_naive"] is not None
-            and (r["samples"] or 0) >= MIN_WINDOW_SAMPLES]
+            and r["drifted"] is not None and (r["samples"] or 0) >= MIN_WINDOW_SAMPLES]
     obs = [[r["observed"]] for r in both]
     arima, naive = [[r["forecast"]] for r in both], [[r["forecast_naive"]] for r in both]
     return {"windows": len({r["window_start"] for r in both}), "pairs": len(both),

@@ -29,7 +29,12 @@ from services.common.config import Config
 from services.profiler.batch_profile import window_start
 from services.profiler.latency import BATCH_SIZES, from_manifest, measure
 from services.profiler.survival_forecast import MAX_HISTORY
-from services.profiler.window_profile import WindowProfile, profile_window
+from services.profiler.window_profile import (
+    WindowProfile,
+    profile_window,
+    same_regime,
+    tracked_ramps,
+)
 from services.runtime.devices import device_class
 from services.runtime.manifest import Manifest
 from services.runtime.timing import Cancelled
@@ -200,21 +205,16 @@ class BatchProfiler:
         if not counts:
             return None
         config = self._config(name, version)
-        rows = self.store.batch_profiles(name, since=utc(start - MAX_HISTORY * w))
-        history: dict[int, list[float]] = {}
-        made: dict[int, float] = {}
-        for r in rows:
-            if unix(r["window_start"]) == start:
-                if r["forecast"] is not None:
-                    made[r["ramp"]] = r["forecast"]
-            elif r["observed"] is not None and unix(r["window_start"]) < start:
-                history.setdefault(r["ramp"], []).append(r["observed"])
-        wp = profile_window(counts, self._running(name, config), history, made or None)
+        running = self._running(name, config)
+        rows = [{**r, "start": unix(r["window_start"])} for r in
+                self.store.batch_profiles(name, since=utc(start - MAX_HISTORY * w))]
+        history, made = same_regime(rows, start, tracked_ramps(counts, running), version)
+        wp = profile_window(counts, running, history, made)
         if wp is None:
             return None
         self.store.record_observed(name, utc(start), utc(start + w), {
             r: (wp.samples, s) for r, s in zip(wp.ramps, wp.observed, strict=True)},
-            version, wp.drifted)
+            version, None if wp.drift is None else wp.drifted)  # NULL: nothing to judge by
         self.store.record_forecast(name, utc(start + w), utc(start + 2 * w), {
             r: (f, n) for r, f, n in zip(wp.ramps, wp.forecast, wp.naive, strict=True)}, version)
         if wp.drifted:

@@ -71,3 +71,33 @@ def profile_window(exit_counts: Mapping[int | None, int], active: Sequence[int],
     arima = forecast_profile(series, forecaster or ArimaForecaster())
     naive = forecast_profile(series, NaiveForecaster())
     return WindowProfile(ramps, int(exits.size), observed, drift, arima, naive)
+
+
+def same_regime(rows: Sequence[Mapping], start: float, ramps: Sequence[int],
+                version: int | None) -> tuple[dict[int, list[float]], dict[int, float] | None]:
+    """What of the stored profile speaks for the window at ``start``: the history of the
+    windows right before it that tracked the same ramps under the same exit config, and the
+    forecast made for it if it was made under that config for exactly those ramps (None
+    otherwise). A change of thresholds or of the ramps a plan runs moves survival by design:
+    windows from before it are another series, and a forecast across it is no drift.
+
+    ``rows``: stored rows as mappings with ``start`` (unix seconds), ``ramp``,
+    ``config_version``, ``observed`` and ``forecast``."""
+    want = {int(r) for r in ramps}
+    windows: dict[float, list[Mapping]] = {}
+    for r in rows:
+        windows.setdefault(float(r["start"]), []).append(r)
+    made = None
+    mine = windows.get(float(start), [])
+    if ({int(r["ramp"]) for r in mine} == want and want
+            and all(r["forecast"] is not None and r["config_version"] == version for r in mine)):
+        made = {int(r["ramp"]): float(r["forecast"]) for r in mine}
+    history: dict[int, list[float]] = {}
+    for s in sorted((s for s in windows if s < start), reverse=True):
+        seen = [r for r in windows[s] if r["observed"] is not None]
+        if ({int(r["ramp"]) for r in seen} != want
+                or any(r["config_version"] != version for r in seen)):
+            break
+        for r in seen:
+            history.setdefault(int(r["ramp"]), []).insert(0, float(r["observed"]))
+    return history, made

@@ -87,3 +87,16 @@ def test_under_a_plan_only_the_ramps_it_runs_are_tracked(served: Store) -> None:
     _requests(served, T0 + 5 * W, {3: 5, -1: 5}, "f")
     BatchProfiler(served, LOG, W).poll_model("m", T0 + 6 * W + 5.0)
     assert {r["ramp"] for r in served.batch_profiles("m", since=utc(T0 + 5 * W))} == {3}
+
+
+def test_a_new_exit_config_starts_a_new_series_not_a_drift(served: Store) -> None:
+    served.save_exit_config("m", {0: 0.9, 3: 0.5}, [0, 3], "compute", "new thresholds")
+    _requests(served, T0 + 3 * W, {0: 9, -1: 1}, "n", version=2)  # survival moved by design
+    BatchProfiler(served, LOG, W).poll_model("m", T0 + 4 * W + 5.0)
+    rows = {(r["window_start"], r["ramp"]): r for r in served.batch_profiles("m")}
+    w2, w3 = rows[(utc(T0 + 2 * W), 0)], rows[(utc(T0 + 3 * W), 0)]
+    assert w2["drifted"] is True        # same config as the windows before: a real drift
+    assert w3["drifted"] is None        # the forecast was made under config 1: not judged
+    assert w3["config_version"] == 2 and w3["observed"] == pytest.approx(0.1)
+    nxt = rows[(utc(T0 + 4 * W), 0)]
+    assert nxt["forecast"] == pytest.approx(0.1)  # config 2's own history: one window

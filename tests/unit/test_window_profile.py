@@ -65,3 +65,25 @@ def test_nothing_to_profile_without_samples_or_ramps() -> None:
     assert profile_window({}, [0, 3], {}) is None
     assert profile_window({0: 0}, [0], {}) is None
     assert profile_window({-1: 5}, [], {}) is None  # vanilla: every sample runs to the end
+
+
+def _rows(start, ramps, version, observed=0.5, forecast=0.5):
+    return [{"start": start, "ramp": r, "config_version": version, "observed": observed,
+             "forecast": forecast} for r in ramps]
+
+
+def test_history_and_forecast_stop_at_a_change_of_config_or_of_ramps() -> None:
+    from services.profiler.window_profile import same_regime
+
+    rows = (_rows(0.0, [1, 3], 1, 0.9) + _rows(10.0, [1, 3], 2, 0.8) + _rows(20.0, [1, 3], 2, 0.7)
+            + _rows(30.0, [1, 3], 2, None, 0.6))
+    history, made = same_regime(rows, 30.0, [1, 3], 2)
+    assert history == {1: [0.8, 0.7], 3: [0.8, 0.7]}  # window 0 ran config 1: another series
+    assert made == {1: 0.6, 3: 0.6}
+    # the same window under a new config: nothing before speaks for it, no drift judged
+    assert same_regime(rows, 30.0, [1, 3], 3) == ({}, None)
+    # a plan that runs another set of ramps: the same
+    assert same_regime(rows, 30.0, [1], 2) == ({}, None)
+    # a forecast missing for one tracked ramp judges nothing, history still counts
+    partial = rows[:-1]
+    assert same_regime(partial, 30.0, [1, 3], 2)[1] is None

@@ -94,6 +94,13 @@ def pool_inventory(rows: Iterable[Mapping[str, Any]], now: datetime,
     return {d: tuple(sorted(ids)) for d, ids in sorted(out.items())}
 
 
+# A plan is sized for this many times the measured rate. Plans that meet the rate tie on
+# goodput and the cheapest wins, so without headroom a plan runs its devices at 100 % of
+# what the profile promises: a load step, or a profile taken on an idle machine (live, a
+# stage also shares cores with the router and the bus), leaves it short at once.
+HEADROOM = 1.25
+
+
 @dataclass(frozen=True)
 class Targets:
     slo_ms: float
@@ -102,17 +109,19 @@ class Targets:
     alpha: float = 1.0
     ms_per_byte: float = MS_PER_BYTE
     fixed_ms: float = FIXED_MS
+    headroom: float = HEADROOM
 
 
 def problem(geo: ModelGeometry, forecast: Mapping[int, float],
             tables: Mapping[str, LatencyTable], inventory: Mapping[str, Sequence[str]],
             rate: float, t: Targets) -> Problem:
-    """The planning problem; device classes without a latency table cannot be planned
-    and are left out (the caller says so)."""
+    """The planning problem, sized for ``rate`` x the headroom; device classes without a
+    latency table cannot be planned and are left out (the caller says so)."""
     chain = ModelChain(geo.n_blocks, geo.ramp_after, survival(geo, forecast))
     classes = tuple(DeviceClass(d, len(ids), tables[d]) for d, ids in inventory.items()
                     if d in tables)
-    return Problem(chain, classes, rate=max(rate, 1e-3), slo_ms=t.slo_ms, batch=t.batch,
+    return Problem(chain, classes, rate=max(rate * t.headroom, 1e-3), slo_ms=t.slo_ms,
+                   batch=t.batch,
                    slack=t.slack, alpha=t.alpha,
                    transfer=Transfer(geo.bytes_per_sample, t.ms_per_byte, t.fixed_ms))
 

@@ -136,7 +136,8 @@ class Optimizer:
             (f"; device classes without a latency profile: {', '.join(unprofiled)}"
              if unprofiled else "")
         probe = [r for r in geo.ramp_ids if r not in forecast]
-        inputs = {"rate_rps": rate, "slo_ms": self.targets.slo_ms, "batch": self.targets.batch,
+        inputs = {"rate_rps": rate, "headroom": self.targets.headroom,
+                  "slo_ms": self.targets.slo_ms, "batch": self.targets.batch,
                   "slack": self.targets.slack, "alpha": self.targets.alpha,
                   "inventory": {d: list(ids) for d, ids in inventory.items()},
                   "profiled": sorted(tables),

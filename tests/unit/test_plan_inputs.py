@@ -71,6 +71,7 @@ def test_problem_leaves_out_classes_without_a_profile() -> None:
                    pi.Targets(slo_ms=1000.0, batch=16))
     assert [c.name for c in p.classes] == ["cpu-2c"] and p.classes[0].count == 2
     assert p.chain.survival == (0.5, 0.5) and p.transfer.bytes_per_sample == (128.0, 128.0)
+    assert p.rate == pytest.approx(50.0 * pi.HEADROOM)  # sized with headroom
 
 
 def test_assign_keeps_unchanged_roles_and_fills_the_rest_in_id_order() -> None:

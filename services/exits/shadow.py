@@ -39,10 +39,3 @@ class ShadowSampler:
         reports, an unbiased sample of the stream with every record complete."""
         return np.fromiter((self.picks(r) for r in request_ids), dtype=bool,
                            count=len(request_ids))
-
-    def mask(self, request_ids: list[str], exited: np.ndarray) -> np.ndarray:
-        """Boolean mask over a batch: exited samples chosen to run on as shadow work."""
-        out = np.zeros(len(request_ids), dtype=bool)
-        for i in np.flatnonzero(exited):
-            out[i] = self.picks(request_ids[i])
-        return out

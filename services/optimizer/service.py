@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from nats.aio.client import Client
@@ -27,16 +27,13 @@ from services.optimizer import plan_inputs as pi
 from services.optimizer.replan import Basis, replan_reason
 from services.optimizer.splits import plan as make_plan
 from services.optimizer.stragglers import StragglerWatch
+from services.store.db import utcnow
 from services.store.repository import Store
 
 STORE_HEARTBEAT_S = 2.0     # how often pool workers write their row (the worker's cadence)
 FRESH_S = 3 * STORE_HEARTBEAT_S  # a pool worker not seen for this long is not planned for
 UNPLANNED_POLL_S = 1.0      # how often to look while a model has no plan in force
 RATE_WINDOWS = 3            # the request rate is measured over this many profile windows
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)
 
 
 class Optimizer:

@@ -7,7 +7,7 @@ engine, the serialised writer and the dialect's INSERT.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -27,11 +27,10 @@ def _num(value: Any) -> float | None:
 class PlanHistory:
     """Batch profiles, deployment plans and worker marks (see the module docstring)."""
 
+    # supplied by Store: the engine, the serialised writer and the dialect's INSERT
     engine: Any
     _writer: Any
-
-    def _insert(self, table: Any) -> Any:  # supplied by Store
-        raise NotImplementedError
+    _insert: Callable[[Any], Any]
 
     # -- batch profiles -------------------------------------------------------------
 

@@ -45,10 +45,6 @@ class Fused:
 
     parts: list[tuple[Batch, float]]
 
-    @property
-    def rows(self) -> int:
-        return sum(len(b.ids) for b, _ in self.parts)
-
 
 def deadline_of(batch: Batch, received: float, default_slo_ms: float) -> float:
     """The earliest deadline among the batch's requests, on the receiver's clock."""

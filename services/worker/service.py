@@ -620,6 +620,7 @@ class Worker(ComputeMode):
                 self.log.warning("heartbeat late %s", logs.kv(
                     gap_ms=round(gap_ms), busy=self.busy, queued=self.queue.qsize(),
                     config_version=self.config.version))
+            ran, self.ran = self.ran, [0, 0, 0.0]  # this beat reports these batches
             await self.nc.publish(subjects.HEARTBEAT, Heartbeat(
                 worker=self.id, model=self.plan.model, stage=self.plan.stage,
                 stages=self.plan.stages, capacity=0 if self.retiring else self.cfg.worker_credit,
@@ -627,9 +628,8 @@ class Worker(ComputeMode):
                 host=host, busy=self.busy, queued=self.queue.qsize(), batches=self.batches,
                 set_aside=len(self.backlog), gave_way=self.backlog.cut, late=self.late_answers,
                 config_version=self.config.version, t=time.time(),
-                held=tuple(self.held.copy()), pool=self.pool_id, ran=self.ran[0],
-                ran_rows=self.ran[1], ran_ms=self.ran[2]).encode())
-            self.ran = [0, 0, 0.0]
+                held=tuple(self.held.copy()), pool=self.pool_id, ran=ran[0],
+                ran_rows=ran[1], ran_ms=ran[2]).encode())
             if self.store is not None and now - last_store > STORE_HEARTBEAT_S:
                 last_store = now
                 spawn(asyncio.to_thread(self._store_heartbeat, host, pid, "up"), self.tasks, self.log)

@@ -18,8 +18,9 @@ from schemas.codec import unpack
 from schemas.plans import Plan
 from services.common import bus, config
 from services.launcher.natsserver import EmbeddedNats
-from services.optimizer.service import Optimizer, utcnow
+from services.optimizer.service import Optimizer
 from services.store import Store
+from services.store.db import utcnow
 
 LOG = logging.getLogger("test")
 MANIFEST: dict[str, Any] = {

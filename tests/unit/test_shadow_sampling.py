@@ -52,8 +52,10 @@ def test_edges_and_the_batch_mask():
     assert all(ShadowSampler(1.0).picks(f"{i}") for i in range(1000))
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         ShadowSampler(1.5)
-    s = ShadowSampler(1.0)
-    exited = np.array([True, False, True, False])
-    # only exited samples can be shadow: the others run to the end anyway
-    assert s.mask(["a", "b", "c", "d"], exited).tolist() == [True, False, True, False]
-    assert ShadowSampler(0.0).mask(["a", "b"], np.array([True, True])).tolist() == [False, False]
+    # the batch mask is picks() per id, exited or not (the feedback sample)
+    ids = [f"r{i}" for i in range(200)]
+    half = ShadowSampler(0.5, seed=3)
+    assert half.selected(ids).tolist() == [half.picks(r) for r in ids]
+    assert ShadowSampler(1.0).selected(["a", "b"]).tolist() == [True, True]
+    assert ShadowSampler(0.0).selected(["a", "b"]).tolist() == [False, False]
+    assert ShadowSampler(0.5).selected([]).tolist() == []

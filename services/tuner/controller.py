@@ -19,7 +19,10 @@ per trigger (the work; the simulator times each step on its own).
   alike, so re-tuning "just below" the failure fails again at the next frame. An alert never
   raises a threshold: it says the config is too eager, and just after a ramp was added only
   a few dozen records hold it, on which a tune from 0 overfits. Raising is the slack tune's
-  job.
+  job. With ``alert_on_interval`` (compute mode, where feedback is a sample of the stream)
+  the window alerts once the upper bound of its agreement's 95 % Wilson interval falls
+  below ``1 - constraint`` (``interval_alert_limit``): at 16 samples and 1 % that is the
+  same single disagreement.
 - **slack**: "the goal of tuning is to identify a new set of thresholds that maximizes latency
   savings" and "trialed ramps start with threshold=0 ... but are soon updated in the next
   round of threshold tuning" (§3.2-3.3), yet tuning is only *triggered* by violations, so from
@@ -71,6 +74,7 @@ from services.tuner.thresholds import (
     allowed_disagreements,
     check_constraint,
     evaluate,
+    interval_alert_limit,
     meets,
     tune,
 )
@@ -136,7 +140,7 @@ class ExitController:
                  min_tune_samples: int | None = None,
                  tune_constraint: float | None = None, adjust_window: int | None = None,
                  backoff: float = DEFAULT_BACKOFF, version: int = 0,
-                 climb: Climb | None = None,
+                 climb: Climb | None = None, alert_on_interval: bool = False,
                  evidence: Callable[[], ExitWindow | None] | None = None) -> None:
         check_constraint(constraint)
         self.climb = climb
@@ -158,6 +162,9 @@ class ExitController:
             raise ValueError(f"backoff must be in [0, 1], got {backoff}")
         self.backoff = float(backoff)
         check_constraint(self.tune_constraint)
+        self.alert_on_interval = bool(alert_on_interval)
+        self.alert_limit = (interval_alert_limit(window, constraint) if alert_on_interval
+                            else allowed_disagreements(window, constraint))
         self.constraint, self.window, self.tune_window = constraint, window, tune_window
         self.adjust_every, self.budget = adjust_every, budget
         self.slack_windows, self.cooldown_rounds = slack_windows, cooldown_rounds
@@ -203,7 +210,7 @@ class ExitController:
             self.since_adjust += take
             self.seen += take
             pos += take
-            early = self.win_dis > allowed_disagreements(self.window, self.constraint)
+            early = self.win_dis > self.alert_limit
             if early or self.win_n >= self.window:
                 t = self._close_window()
                 if t is not None and not (t.kind == "slack" and "alert" in due):
@@ -271,7 +278,7 @@ class ExitController:
         n, dis = self.win_n, self.win_dis
         self.win_n = self.win_dis = 0
         agreement = 1.0 - dis / n
-        if dis > allowed_disagreements(self.window, self.constraint):
+        if dis > self.alert_limit:
             self.clean = 0
             self.counts["alerts"] += 1
             return Trigger("alert", self.seen, agreement, self.recent(n))
@@ -466,7 +473,7 @@ class ExitController:
                 "budget": self.budget, "score": self.score, "slack_windows": self.slack_windows,
                 "cooldown_rounds": self.cooldown_rounds, "min_tune_samples": self.min_tune_samples,
                 "tune_constraint": self.tune_constraint, "adjust_window": self.adjust_window,
-                "backoff": self.backoff}
+                "backoff": self.backoff, "alert_on_interval": self.alert_on_interval}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe state (params, config, counters, feedback buffer) for the store."""

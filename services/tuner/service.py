@@ -184,6 +184,7 @@ class Tuner:
                               constraint=self.cfg.accuracy_loss, budget=self.cfg.ramp_budget,
                               climb=climb_native.best_climb(self.cfg.tuner_native),
                               adjust_every=NEVER if compute else ADJUST_EVERY,
+                              alert_on_interval=compute,
                               adjust_window=2 * ADJUST_EVERY)
 
     async def on_samples(self, msg: Msg) -> None:

@@ -50,6 +50,7 @@ from typing import Protocol
 
 import numpy as np
 
+from services.common.stats import wilson_interval
 from services.exits.exit_window import ExitWindow
 from services.exits.latency_profile import LatencyProfile
 
@@ -103,6 +104,20 @@ class GridResult:
 def allowed_disagreements(samples: int, constraint: float) -> int:
     """Most disagreements a window may hold; integer so 0.99 never fails on a float ulp."""
     return math.floor(constraint * samples + 1e-9)
+
+
+def interval_alert_limit(samples: int, constraint: float) -> int:
+    """Most disagreements a window of ``samples`` may hold while the upper bound of its
+    agreement's 95 % Wilson interval stays at or above ``1 - constraint``: one more and the
+    window is below the constraint with confidence (compute mode's alert, where the
+    feedback is a sample). At 16 samples and 1 % this is 0, Apparate's own rule."""
+    limit = 0
+    while limit < samples:
+        _, upper = wilson_interval(samples - limit - 1, samples)
+        if upper < 1.0 - constraint - 1e-12:
+            break
+        limit += 1
+    return limit
 
 
 def meets(evaluation: Evaluation, constraint: float) -> bool:

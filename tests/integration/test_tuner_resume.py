@@ -67,9 +67,11 @@ def test_in_compute_mode_the_tuner_tunes_thresholds_and_leaves_the_active_set_to
     assert got.mode == "compute"
     assert got.controller.adjust_every == NEVER  # no ramp-adjustment rounds
     assert got.controller.capacity <= 1024  # and no unbounded memory for them
+    assert got.controller.alert_on_interval  # feedback is a sample: alert on its interval
     tuner.store.save_exit_config(MODEL, {0: 0.1, 1: 0.2}, [0, 1], "latency", "test")
     back = tuner.load(MODEL)
     assert back.mode == "latency" and back.controller.adjust_every < NEVER
+    assert not back.controller.alert_on_interval
 
 
 def test_in_compute_mode_the_tuner_tunes_the_ramps_the_plan_runs_and_keeps_the_rest(

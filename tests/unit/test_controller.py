@@ -8,10 +8,11 @@ import json
 import numpy as np
 import pytest
 
+from services.common.stats import wilson_interval
 from services.exits.exit_window import ExitWindow
 from services.exits.latency_profile import LatencyProfile
 from services.tuner.controller import ExitController, TunerDecision
-from services.tuner.thresholds import evaluate, meets, tune
+from services.tuner.thresholds import evaluate, interval_alert_limit, meets, tune
 
 # 4 sites of a 10 ms model; a ramp costs 0.05 ms (budget 2% = 0.2 ms: up to 4 ramps)
 PROFILE = LatencyProfile.build([2.0, 4.0, 6.0, 8.0, 10.0], [0.05] * 4)
@@ -96,6 +97,38 @@ def test_alert_fires_at_the_first_disagreement_that_dooms_the_window() -> None:
     d = c.observe(one_bad)
     assert [x.trigger for x in d] == ["alert"]  # 6 of 16 samples: 1 > floor(1% of 16) = 0
     assert c.win_n == 0  # the window closed with the alert
+
+
+@pytest.mark.parametrize(("n", "constraint"), [(16, 0.01), (16, 0.05), (64, 0.01),
+                                               (64, 0.05), (256, 0.02)])
+def test_interval_alert_limit_is_where_the_agreement_upper_bound_drops_below_target(
+        n: int, constraint: float) -> None:
+    k = interval_alert_limit(n, constraint)
+    assert wilson_interval(n - k, n)[1] >= 1 - constraint  # k disagreements: no alert
+    assert wilson_interval(n - k - 1, n)[1] < 1 - constraint  # one more: alert
+
+
+def test_interval_alert_is_apparates_rule_at_16_samples_and_1_percent() -> None:
+    assert interval_alert_limit(16, 0.01) == 0
+    # at 5 % the point estimate alerts at 1 of 16, the interval only when confident
+    assert interval_alert_limit(16, 0.05) >= 1
+
+
+def test_compute_mode_alert_fires_on_the_interval_upper_bound() -> None:
+    """A window of 16 at a 5 % constraint: one disagreement (6 %) fails the point
+    estimate, so Apparate's rule alerts; its interval's upper bound is still above 95 %."""
+    k = interval_alert_limit(16, 0.05)
+    for rule, fires_at in ((False, 1), (True, k + 1)):
+        c = ctl(thresholds=(0.5, 0.5), constraint=0.05, alert_on_interval=rule)
+        got = []
+        for i in range(16):
+            got.append([x.trigger for x in c.observe(batch((1, 2), 1, seed=100 + i,
+                                                           wrong=float(i < fires_at)))])
+            if got[-1]:
+                break
+        assert got[-1] == ["alert"] and len(got) == fires_at, (rule, got)
+    restored = ExitController.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert restored.alert_limit == k
 
 
 def test_clean_windows_raise_thresholds_from_zero() -> None:

@@ -129,7 +129,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             "batches": _ints(getattr(args, "batches", None) or "1,4,8,16", "--batches"),
             "mixes": mixes, "requests": requests, "seed": int(getattr(args, "seed", 0) or 0),
             "slo_ms": slo, "constraint": float(getattr(args, "constraint", 0.01)),
-            "device_profile": getattr(args, "device_profile", None)}
+            "device_profile": getattr(args, "device_profile", None),
+            "gpu_curve": getattr(args, "gpu_curve", None)}
 
 
 def build_setup(opt: dict[str, Any], say: inputs.Say) -> Setup:
@@ -151,7 +152,8 @@ def build_setup(opt: dict[str, Any], say: inputs.Say) -> Setup:
     cpu = inputs.ClassProfile(device_class("cpu"), cpu_table, False,
                               f"measured on this machine ({prof['how']})", link=link)
     first = (inputs.file_class(Path(opt["device_profile"]), cpu_table, cpu_full)
-             if opt["device_profile"] else inputs.gpu_class(cpu_table, cpu_full))
+             if opt["device_profile"] else inputs.gpu_class(cpu_table, cpu_full,
+                                                            subnet=opt["gpu_curve"]))
     th, exit_info = inputs.tuned_thresholds(trace, opt["constraint"])
     ramp_after = tuple(manifest.ramp(r).after_block for r in ids)
     every = exit_sites(trace.ramp_score, th, tuple(range(trace.n_sites)))

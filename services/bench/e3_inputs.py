@@ -18,7 +18,9 @@
 - **Modeled GPU class**: ``../shared/data/a40-ofa-resnet50.json`` beside the project
   (``GPU_CURVES``), the forward-pass curve of its largest subnet (the full OFA-ResNet50 on an NVIDIA A40):
   this machine's block and head times scaled at each batch size by A40 / this machine's
-  whole model (``e3_policies.modeled_table``). Labelled modeled everywhere.
+  whole model (``e3_policies.modeled_table``). Labelled modeled everywhere. That curve is
+  the file's steepest (batch 16 costs 4.1x batch 1); ``--gpu-curve ID`` takes another
+  subnet's (1.6-2.6x: a smaller network leaves more of the GPU idle at small batches).
 - **--device-profile FILE** replaces that class. JSON, either measured-style tables::
 
       {"name": "my-gpu", "modeled": false, "cost_per_s": 1.0, "batch_sizes": [1, 4, 16],
@@ -198,19 +200,27 @@ def profile_table(doc: dict[str, Any], n_blocks: int,
 
 
 def gpu_class(cpu: LatencyTable, cpu_full: dict[int, float],
-              path: Path = GPU_CURVES) -> ClassProfile:
-    """The modeled A40 class (see the module docstring)."""
+              path: Path = GPU_CURVES, subnet: int | None = None) -> ClassProfile:
+    """The modeled A40 class (see the module docstring); ``subnet`` picks another of the
+    published curves (``--gpu-curve``, the file's subnet id) than the full network's."""
     if not path.is_file():
         raise ValueError(f"no GPU batch curves at {path}: give a class with "
                          "--device-profile FILE")
     doc = json.loads(path.read_text())
-    sub = max(doc["subnets"], key=lambda s: (s["mflops_limit"] is None, s["imagenet_top1"]))
+    if subnet is None:
+        sub = max(doc["subnets"], key=lambda s: (s["mflops_limit"] is None, s["imagenet_top1"]))
+    else:
+        sub = next((s for s in doc["subnets"] if s["id"] == subnet), None)
+        if sub is None:
+            raise ValueError(f"--gpu-curve {subnet}: {path.name} has subnets "
+                             f"{[s['id'] for s in doc['subnets']]}")
     curve = {int(b): float(v) for b, v in sub["forward_ms"].items()}
     table, ratio = modeled_table(cpu, cpu_full, curve)
     src = (f"modeled: this machine's measured block/head times x (A40 forward_ms of OFA-ResNet50 "
            f"subnet {sub['id']} / this machine's measured whole model) per batch size, from "
            f"{path.name} ({doc['device']})")
-    return ClassProfile(GPU_CLASS, table, True, src, 1.0, ratio)
+    name = GPU_CLASS if subnet is None else f"a40-subnet{subnet}-modeled"
+    return ClassProfile(name, table, True, src, 1.0, ratio)
 
 
 def file_class(path: Path, cpu: LatencyTable, cpu_full: dict[int, float]) -> ClassProfile:

@@ -84,6 +84,9 @@ def e3_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--device-profile", metavar="FILE",
                        help="e3: a device class (JSON, see services/bench/e3_inputs.py) "
                        "instead of the A40 class modeled from ../shared/data")
+    bench.add_argument("--gpu-curve", type=int, metavar="ID",
+                       help="e3 --sim: the OFA-ResNet50 subnet (0-5) of ../shared/data whose A40 "
+                       "batch curve models the GPU class (default: the full network's, 5)")
     bench.add_argument("--batches", metavar="B,...", help="e3: batch sizes (default 1,4,8,16)")
     bench.add_argument("--mixes", metavar="EASY/HARD,...",
                        help="e3: easy/hard mixes (default 80/20,50/50,20/80; the first is "

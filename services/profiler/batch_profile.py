@@ -165,3 +165,19 @@ def wape(forecasts: Iterable[Profile | None],
     if total == 0.0:
         return None
     return float(100.0 * np.abs(f - o).sum() / total)
+
+
+def sampling_mape(observed: Iterable[float], samples: Iterable[int],
+                  floor: float = MAPE_FLOOR) -> float | None:
+    """The MAPE (percent) a forecaster that knew each window's true survival exactly would
+    still score, from sampling alone: a window of ``n`` samples observes a survival ``p``
+    as Binomial(n, p) / n, whose mean absolute deviation is about
+    ``sqrt(2 / pi) * sqrt(p (1 - p) / n)``. Evaluated at the observed ``p``; pairs below
+    ``floor`` or with no samples are skipped as in ``mape``. None when none is left."""
+    p = np.asarray(list(observed), dtype=np.float64)
+    n = np.asarray(list(samples), dtype=np.float64)
+    keep = (p >= floor) & (n > 0)
+    if not keep.any():
+        return None
+    p, n = p[keep], n[keep]
+    return float(100.0 * np.mean(math.sqrt(2.0 / math.pi) * np.sqrt((1.0 - p) / (p * n))))

@@ -87,3 +87,20 @@ def test_bench_e3_live_serves_the_three_policies_on_real_workers(small, tmp_path
     assert doc["saturated"]["e3"]["plans"] and doc["optimizer_ms"] is not None
     assert "forecast_mape" in doc
     assert "E3 / vanilla" in capsys.readouterr().out
+
+
+def test_gpu_curve_picks_a_published_subnet_curve_and_names_it():
+    from services.optimizer.block_costs import LatencyTable
+
+    sizes = (1, 4, 16)
+    cpu = LatencyTable.build(sizes, [[1.0, 4.0, 16.0], [2.0, 8.0, 32.0]], [[0.1, 0.4, 1.6]])
+    full = {1: 3.0, 4: 12.0, 16: 48.0}
+    default = e3_inputs.gpu_class(cpu, full)
+    flat = e3_inputs.gpu_class(cpu, full, subnet=0)
+    assert (default.name, flat.name) == ("a40-modeled", "a40-subnet0-modeled")
+    assert default.modeled and flat.modeled and "subnet 0" in flat.source
+    # subnet 0's A40 curve is the flattest: batch 16 costs less than 2x batch 1
+    assert flat.table.blocks_at(16).sum() < 2 * flat.table.blocks_at(1).sum()
+    assert default.table.blocks_at(16).sum() > 4 * default.table.blocks_at(1).sum()
+    with pytest.raises(ValueError, match="--gpu-curve 9"):
+        e3_inputs.gpu_class(cpu, full, subnet=9)

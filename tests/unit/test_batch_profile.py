@@ -16,6 +16,7 @@ from services.profiler.batch_profile import (
     exit_array,
     group_windows,
     mape,
+    sampling_mape,
     survival,
     wape,
     window_start,
@@ -140,6 +141,18 @@ def test_wape_is_total_error_over_total_observed():
     assert wape(forecasts, observed) == pytest.approx(100 * 0.25 / 1.0)
     assert wape([[0.1]], [[0.0]]) is None
     assert wape([None], [[0.3]]) is None
+
+
+def test_sampling_mape_matches_a_perfect_forecaster_on_binomial_windows():
+    """A forecaster that knows the true survival scores, from sampling alone, what
+    ``sampling_mape`` predicts from the observed windows."""
+    rng = np.random.default_rng(7)
+    p, n = 0.2, 400
+    obs = rng.binomial(n, p, 4000) / n
+    perfect = mape([[p]] * obs.size, [[o] for o in obs])
+    assert sampling_mape(obs, [n] * obs.size) == pytest.approx(perfect, rel=0.05)
+    assert sampling_mape([0.2], [1600]) == pytest.approx(sampling_mape([0.2], [400]) / 2)
+    assert sampling_mape([0.0, 0.5], [100, 0]) is None
 
 
 def test_mape_needs_aligned_windows():

@@ -150,7 +150,8 @@ def build_setup(opt: dict[str, Any], say: inputs.Say) -> Setup:
     cpu_table, cpu_full = inputs.profile_table(prof, manifest.num_blocks, ids)
     link, bus = inputs.bus_link(say)
     cpu = inputs.ClassProfile(device_class("cpu"), cpu_table, False,
-                              f"measured on this machine ({prof['how']})", link=link)
+                              f"measured on this machine ({prof['how']})", link=link,
+                              per_device_links=False)
     first = (inputs.file_class(Path(opt["device_profile"]), cpu_table, cpu_full)
              if opt["device_profile"] else inputs.gpu_class(cpu_table, cpu_full,
                                                             subnet=opt["gpu_curve"]))

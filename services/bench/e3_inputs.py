@@ -33,7 +33,7 @@
 
   either with an optional link between its stages (default: the constant below)::
 
-      "link": {"ms_per_byte": 1e-6, "fixed_ms": 0.05}
+      "link": {"ms_per_byte": 1e-6, "fixed_ms": 0.05, "per_device": true}
 
 - **Transfers** between stages: activation bytes per sample at each ramp site (the
   site's block output, float32, the workload's sequence length for a variable axis) x
@@ -43,6 +43,10 @@
   conservative constant, not a measurement, labelled modeled: ``MS_PER_BYTE`` (1 GB/s
   effective, a 10 Gb/s link at ~80 % after encoding and copies) and ``FIXED_MS`` per
   message; the CPU class falls back to it too when the bus cannot be measured.
+- **Links per device or per cut.** A modeled or file class gives every device its own link
+  (E3's cluster: servers on 10 Gb/s Ethernet, a NIC each), ``"per_device": false`` in a
+  file's ``link`` makes it one shared channel per cut. The measured CPU class keeps one
+  channel per cut: its bus is one NATS server on this machine.
 """
 
 from __future__ import annotations
@@ -93,15 +97,17 @@ class ClassProfile:
     cost_per_s: float = 1.0
     ratio: dict[int, float] | None = None  # modeled: reference / measured whole model
     link: tuple[float, float, str] = (MS_PER_BYTE, FIXED_MS, CONSTANT_LINK)  # per byte, fixed
+    per_device_links: bool = True  # a link per device (False: one channel per cut)
 
     def transfer(self, bytes_per_sample: tuple[float, ...]) -> Transfer:
-        return Transfer(bytes_per_sample, self.link[0], self.link[1])
+        return Transfer(bytes_per_sample, self.link[0], self.link[1], self.per_device_links)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "modeled": self.modeled, "source": self.source,
                 "cost_per_s": self.cost_per_s, "batch_sizes": list(self.table.batch_sizes),
                 "link": {"ms_per_byte": self.link[0], "fixed_ms": self.link[1],
-                         "source": self.link[2]},
+                         "source": self.link[2],
+                         "per_device": self.per_device_links},
                 "full_ms": {str(b): round(float(self.table.blocks_at(b).sum()), 4)
                             for b in self.table.batch_sizes},
                 **({"scale_by_batch": {str(b): round(r, 4) for b, r in self.ratio.items()}}
@@ -236,6 +242,7 @@ def _file_class(doc: dict[str, Any], path: Path, cpu: LatencyTable,
                 cpu_full: dict[int, float]) -> ClassProfile:
     name, cost = str(doc.get("name") or Path(path).stem), float(doc.get("cost_per_s", 1.0))
     link = (MS_PER_BYTE, FIXED_MS, CONSTANT_LINK)
+    per_device = bool(doc.get("link", {}).get("per_device", True))
     if "link" in doc:
         link = (float(doc["link"]["ms_per_byte"]), float(doc["link"]["fixed_ms"]),
                 f"from {path}")
@@ -243,13 +250,13 @@ def _file_class(doc: dict[str, Any], path: Path, cpu: LatencyTable,
         curve = {int(b): float(v) for b, v in doc["full_ms"].items()}
         table, ratio = modeled_table(cpu, cpu_full, curve)
         return ClassProfile(name, table, True, f"modeled: this machine's tables scaled by the "
-                            f"whole-model curve in {path}", cost, ratio, link)
+                            f"whole-model curve in {path}", cost, ratio, link, per_device)
     table = LatencyTable.build(doc["batch_sizes"], doc["block_ms"], doc["head_ms"])
     if table.n_blocks != cpu.n_blocks or table.n_sites != cpu.n_sites:
         raise ValueError(f"{path}: {table.n_blocks} blocks x {table.n_sites} heads, the model "
                          f"has {cpu.n_blocks} x {cpu.n_sites}")
     return ClassProfile(name, table, bool(doc.get("modeled", False)), f"tables from {path}",
-                        cost, None, link)
+                        cost, None, link, per_device)
 
 
 def model_trace(model_dir: Path, manifest, say: Say = say_stderr,

@@ -63,7 +63,9 @@ def _inputs(doc: dict[str, Any]) -> list[str]:
         lines.append(f"  class {c['name']} ({tag}): full model ms by batch {c['full_ms']}; "
                      f"{c['source']}")
         lines.append(f"    link between stages: {link['fixed_ms']:.3f} ms per message + "
-                     f"{link['ms_per_byte'] * 1e6:.3g} ms per MB ({link['source']})")
+                     f"{link['ms_per_byte'] * 1e6:.3g} ms per MB, "
+                     f"{'one per device' if link.get('per_device') else 'one channel per cut'} "
+                     f"({link['source']})")
     return lines
 
 

@@ -17,6 +17,10 @@ and latency interpolation):
   of the batch's survivors per batch, ``fixed_ms + survivors × bytes × ms_per_byte``, one
   link per cut (the bus between two stage groups is one channel). Pipelined (§3.2.2), the
   plan sustains the minimum over stages and links; goodput = min(R, that).
+  With ``Transfer.per_device`` every device has its own link instead (E3's cluster: a NIC
+  per server), overlapped with its compute: a replica's cycle is the pipelined ``max`` of
+  its batch time, sending its batch's survivors and receiving its fused input batch
+  (``fixed_ms + B × bytes × ms_per_byte``), and no cut is a shared channel.
 - worst-case latency of a sample = Σ over stages of (fill + T) + Σ transfers, where fill is
   the time to gather a batch: ``(B - 1) / (σ R)`` at the forecast arrival rate, capped by
   ``max_hold_ms`` (default: the SLO slack, ``slack × SLO``), after which the fusion sends a
@@ -81,6 +85,7 @@ class Transfer:
     bytes_per_sample: tuple[float, ...]
     ms_per_byte: float = 0.0
     fixed_ms: float = 0.0  # per message
+    per_device: bool = False  # False: one channel per cut; True: a link per device
 
 
 @dataclass(frozen=True)
@@ -201,17 +206,21 @@ def _vanilla(chain: ModelChain, table: LatencyTable, batch: int) -> RampChoice:
 
 
 def _candidate(p: Problem, u: int, v: int, axis: int, cls: DeviceClass, ch: RampChoice,
-               cut: int | None) -> StageCandidate:
-    """Capacity, link and latency of one stage; ``cut``: the ramp site it ends at."""
+               cut: int | None, cut_in: int | None = None) -> StageCandidate:
+    """Capacity, link and latency of one stage; ``cut``: the ramp site it ends at,
+    ``cut_in``: the one it starts after."""
     s_in = p.chain.survival_in(ch.first_block)
-    b = p.batch
-    per = 1000.0 * b / (ch.stage_ms * s_in) if ch.stage_ms * s_in > 0 else math.inf
-    tx, link = 0.0, math.inf
-    if cut is not None and p.transfer is not None:
+    b, t = p.batch, p.transfer
+    tx, rx, link = 0.0, 0.0, math.inf
+    if cut is not None and t is not None:
         alive = b * relative(p.chain.survival[cut], s_in)  # one message: a batch's survivors
-        tx = p.transfer.fixed_ms + alive * p.transfer.bytes_per_sample[cut] * \
-            p.transfer.ms_per_byte
-        link = 1000.0 * b / (s_in * tx) if s_in * tx > 0 else math.inf
+        tx = t.fixed_ms + alive * t.bytes_per_sample[cut] * t.ms_per_byte
+        if not t.per_device:
+            link = 1000.0 * b / (s_in * tx) if s_in * tx > 0 else math.inf
+    if cut_in is not None and t is not None and t.per_device:
+        rx = t.fixed_ms + b * t.bytes_per_sample[cut_in] * t.ms_per_byte
+    cycle = max(ch.stage_ms, tx, rx) if t is not None and t.per_device else ch.stage_ms
+    per = 1000.0 * b / (cycle * s_in) if cycle * s_in > 0 else math.inf
     arrivals = p.rate * s_in / 1000.0  # samples per ms at the forecast rate
     fill = 0.0 if b == 1 else min((b - 1) / arrivals if arrivals > 0 else math.inf, p.hold_ms)
     opt = StageOption(u, v, axis, fill + ch.stage_ms + tx, per, link)
@@ -236,7 +245,8 @@ def candidates(p: Problem) -> tuple[list[StageCandidate], list[int], list[Device
                 if u == 0 and v == end:  # the data-parallel full model: vanilla is a candidate
                     van = _vanilla(chain, c.latency, p.batch)
                     ch = van if van.stage_ms < ch.stage_ms * (1 - EPS) else ch
-                out.append(_candidate(p, u, v, axis, c, ch, cuts[v - 1] if v < end else None))
+                out.append(_candidate(p, u, v, axis, c, ch, cuts[v - 1] if v < end else None,
+                                      cuts[u - 1] if u > 0 else None))
     return out, cuts, classes
 
 

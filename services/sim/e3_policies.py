@@ -184,7 +184,8 @@ def e3_pipeline(p: Problem, plan: DeploymentPlan) -> Pipeline:
         per_row = 0.0 if cut is None else t.bytes_per_sample[cut] * t.ms_per_byte
         stages.append(StageSpec(s.first_block, s.last_block, tuple(s.active_ramps),
                                 s.replicas, s.batch, c.latency, s.ms, c.name, c.cost_per_s,
-                                0.0 if cut is None else t.fixed_ms, per_row))
+                                0.0 if cut is None else t.fixed_ms, per_row,
+                                per_device_links=t.per_device))
     return Pipeline("e3", tuple(stages), p.chain.ramp_after, p.hold_ms)
 
 

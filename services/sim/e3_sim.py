@@ -16,7 +16,10 @@ ramps, on ``replicas`` devices of one class (a :class:`LatencyTable`).
   until the batch ends.
 - The rows left at the end of a stage that is not the last are one message to the next
   stage: ``fixed_ms + rows * ms_per_row``, sent once the batch ends, over one link per cut
-  (transfers on a link are serialised, as in the planner). The next stage holds the parts
+  (transfers on a link are serialised, as in the planner). With ``per_device_links`` each
+  device has its own link instead (a NIC per server): a message occupies the sending
+  stage's and the receiving stage's earliest-free device links for its duration, so a
+  cut carries up to ``min(replicas before, replicas after)`` messages at once. The next stage holds the parts
   in a :class:`~services.worker.fusion.FusionBuffer` (the live workers' code) and fuses
   them up to its target batch, earliest deadline first; a partial batch leaves when the
   earliest deadline leaves only the rest of the pipeline's service time, or after the
@@ -69,7 +72,8 @@ class StageSpec:
     chain site indices inside the stage), on ``replicas`` devices timed by ``table``.
     ``expected_ms``: what one batch of ``batch`` rows is expected to take as samples exit
     (capacity estimates); deadlines use :attr:`worst_ms`;
-    ``transfer_*``: the message to the next stage (ignored for the last stage)."""
+    ``transfer_*``: the message to the next stage (ignored for the last stage);
+    ``per_device_links``: each replica sends and receives on its own link."""
 
     first_block: int
     last_block: int
@@ -82,6 +86,7 @@ class StageSpec:
     cost_per_s: float = 1.0
     transfer_fixed_ms: float = 0.0
     transfer_ms_per_row: float = 0.0
+    per_device_links: bool = False
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.batch < 1 or self.first_block > self.last_block:
@@ -222,6 +227,8 @@ class _StageState:
     timer: BatchTimer
     wake_at: float = math.inf
     link_free: float = 0.0
+    send_free: list[float] = field(default_factory=list)  # per-device links (out)
+    recv_free: list[float] = field(default_factory=list)  # per-device links (in)
     pending: int = 0  # rows held in the buffer or travelling to it
     credit: int = 0
     rows: list[int] = field(default_factory=list)
@@ -263,7 +270,8 @@ class Simulation:
         before = self.pipe.stages[i - 1] if i else None
         upstream = before.replicas * before.batch if before else 0
         return _StageState(s.replicas, buf, timer,
-                           credit=CREDIT_BATCHES * s.replicas * s.batch + upstream)
+                           credit=CREDIT_BATCHES * s.replicas * s.batch + upstream,
+                           send_free=[0.0] * s.replicas, recv_free=[0.0] * s.replicas)
 
     def _push(self, t: float, kind: str, stage: int, payload: object = None) -> None:
         heapq.heappush(self.events, (t, self.seq, kind, stage, payload))
@@ -364,11 +372,22 @@ class Simulation:
             return
         nxt = self.state[stage + 1]
         nxt.pending += len(survivors)
-        start = max(end, st.link_free)
-        st.link_free = start + transfer_ms(self.pipe.stages[stage], len(survivors)) / 1e3
-        part = Part(len(survivors), min(self.deadline[r] for r in survivors), st.link_free,
-                    survivors)
-        self._push(st.link_free, "part", stage + 1, part)
+        arrive = self._send(stage, end, len(survivors))
+        part = Part(len(survivors), min(self.deadline[r] for r in survivors), arrive, survivors)
+        self._push(arrive, "part", stage + 1, part)
+
+    def _send(self, stage: int, ready: float, rows: int) -> float:
+        """When a message of ``rows`` sent from ``stage`` at ``ready`` has arrived."""
+        spec, st, nxt = self.pipe.stages[stage], self.state[stage], self.state[stage + 1]
+        took = transfer_ms(spec, rows) / 1e3
+        if not spec.per_device_links:
+            st.link_free = max(ready, st.link_free) + took
+            return st.link_free
+        i = min(range(len(st.send_free)), key=st.send_free.__getitem__)
+        j = min(range(len(nxt.recv_free)), key=nxt.recv_free.__getitem__)
+        arrive = max(ready, st.send_free[i], nxt.recv_free[j]) + took
+        st.send_free[i] = nxt.recv_free[j] = arrive
+        return arrive
 
 
 def simulate(pipe: Pipeline, arrival_s: np.ndarray, exit_site: np.ndarray,

@@ -108,6 +108,22 @@ def test_survivors_travel_to_the_next_stage_over_the_link():
     assert res.done_s == pytest.approx([s0 + 0.002 + s1, 2 * s0 + 0.002 + s1])
 
 
+def test_links_per_device_carry_messages_side_by_side():
+    """Two replicas on each side, a link per device: the two first-stage batches end
+    together and their 2 ms transfers run at once instead of one after the other; with one
+    channel per cut the second waits."""
+    def pipe(per_device: bool) -> Pipeline:
+        return Pipeline("e3", (stage(0, 0, (0,), 2, 1, block0(1) + 0.5, transfer_fixed_ms=2.0,
+                                     per_device_links=per_device),
+                               stage(1, 1, (), 2, 1, block1(1))), AFTER, 10.0)
+    s0, s1 = (block0(1) + 0.5) / 1e3, block1(1) / 1e3
+    arrival, exits = np.array([0.0, 0.0]), np.array([FINAL, FINAL])
+    own = simulate(pipe(True), arrival, exits, slo_ms=1000.0)
+    assert own.done_s == pytest.approx([s0 + 0.002 + s1] * 2)
+    one = simulate(pipe(False), arrival, exits, slo_ms=1000.0)
+    assert one.done_s == pytest.approx([s0 + 0.002 + s1, s0 + 0.004 + s1])
+
+
 # -- fusion ---------------------------------------------------------------------------------
 
 def test_fusion_keeps_later_stage_batches_fuller_than_naive_early_exit():

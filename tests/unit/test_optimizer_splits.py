@@ -155,6 +155,20 @@ def test_a_slow_link_makes_the_split_lose():
     assert p.latency_ms == pytest.approx(0.7 + 18 + 6 + 1.4 + 14)
 
 
+def test_links_per_device_scale_with_replicas_and_overlap_compute():
+    """A batch's 4 survivors take 2 + 4 x 2 = 10 ms. One channel per cut carries 8000 / 10
+    = 800/s, below one stage x3 (857.1/s). A link per device overlaps with compute
+    (pipelined max): stage 0 cycles in max(18, 10) ms (444.4/s a replica), stage 1 receives
+    a fused 8 in 2 + 16 = 18 ms and computes in 14 (8000 / (18 x 0.5) = 888.9/s): 2 + 1."""
+    shared = Transfer((1000.0,), ms_per_byte=0.002, fixed_ms=2.0)
+    p = plan(Problem(HALF, (DeviceClass("gpu", 3, table()),), 10000, 10000, 8, transfer=shared))
+    assert shape(p) == [(0, 1, "gpu", 3)]
+    own = Transfer((1000.0,), ms_per_byte=0.002, fixed_ms=2.0, per_device=True)
+    p = plan(Problem(HALF, (DeviceClass("gpu", 3, table()),), 10000, 10000, 8, transfer=own))
+    assert shape(p) == [(0, 0, "gpu", 2), (1, 1, "gpu", 1)]
+    assert p.goodput == pytest.approx(2 * 8000 / 18) and p.stages[0].transfer_ms == 10.0
+
+
 def test_a_small_load_gets_one_device_and_one_stage():
     p = plan(Problem(HALF, (DeviceClass("gpu", 3, table()),), 100, 10000, 8))
     assert shape(p) == [(0, 1, "gpu", 1)] and p.cuts == ()
@@ -216,21 +230,25 @@ def _stage_time(p: Problem, cls: DeviceClass, first: int, last: int, single: boo
 
 def _evaluate(p, bounds, classes, reps, times):
     """(goodput, cost, stages, latency) of one plan, straight from the model's definitions."""
-    chain, b, r = p.chain, p.batch, p.rate
+    chain, b, r, tr = p.chain, p.batch, p.rate, p.transfer
     caps, lat = [], 0.0
-    for (first, last), c, m in zip(bounds, classes, reps):
+    for k, ((first, last), c, m) in enumerate(zip(bounds, classes, reps)):
         s_in = chain.survival_in(first)
         t = times[(first, last, c.name)]
-        caps.append(m * 1000 * b / (t * s_in) if t * s_in > 0 else math.inf)
         fill = 0.0 if b == 1 else min((b - 1) * 1000 / (r * s_in) if s_in > 0 else math.inf,
                                       p.hold_ms)
-        tx = 0.0
-        if last < chain.n_blocks - 1 and p.transfer is not None:
+        tx = rx = 0.0
+        if last < chain.n_blocks - 1 and tr is not None:
             site = chain.ramp_after.index(last)
             alive = b * chain.survival[site] / s_in if s_in > 0 else b
-            tx = p.transfer.fixed_ms + alive * p.transfer.bytes_per_sample[site] * \
-                p.transfer.ms_per_byte
-            caps.append(1000 * b / (s_in * tx) if s_in * tx > 0 else math.inf)
+            tx = tr.fixed_ms + alive * tr.bytes_per_sample[site] * tr.ms_per_byte
+            if not tr.per_device:  # one channel per cut
+                caps.append(1000 * b / (s_in * tx) if s_in * tx > 0 else math.inf)
+        if k > 0 and tr is not None and tr.per_device:  # receiving a fused batch
+            rx = tr.fixed_ms + b * tr.bytes_per_sample[chain.ramp_after.index(first - 1)] * \
+                tr.ms_per_byte
+        cycle = max(t, tx, rx) if tr is not None and tr.per_device else t
+        caps.append(m * 1000 * b / (cycle * s_in) if cycle * s_in > 0 else math.inf)
         lat += fill + t + tx
     goodput = min(r, *caps)
     cost = 1000 * sum(m * c.cost_per_s for c, m in zip(classes, reps)) / goodput
@@ -288,7 +306,7 @@ def random_problem(seed: int) -> Problem:
     transfer = None
     if rng.random() < 0.5:
         transfer = Transfer(tuple(rng.uniform(0, 2000, 3)), float(rng.uniform(0, 0.002)),
-                            float(rng.uniform(0, 2)))
+                            float(rng.uniform(0, 2)), per_device=bool(rng.random() < 0.5))
     batch = int(rng.choice([1, 4, 8, 16]))
     rate = float(rng.uniform(50, 3000))
     slo = float(rng.uniform(20, 200))

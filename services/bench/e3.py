@@ -276,6 +276,8 @@ def run_config(setup: Setup, cls: inputs.ClassProfile, devices: int, batch: int,
             break
     else:
         out["not_saturated"] = kept_up
+    out["fusion_bound"] = pol.fusion_bound(cls.table, out["naive_ee"]["mean_batch_at_blocks"],
+                                           batch)
     common = COMMON_LOAD * min(out[p]["goodput_rps"] for p in pipes)
     out["common_load_rps"] = common
     if common > 0:
@@ -387,6 +389,7 @@ def assemble(opt: dict[str, Any], setup: Setup, runs: list[dict[str, Any]],
                                                 "requests")},
         **{p: policy_doc(run, p) for p in pol.POLICIES},
         "e3_over_naive_ee": _ratio(run, "naive_ee"), "e3_over_vanilla": _ratio(run, "vanilla"),
+        "fusion_bound": run["fusion_bound"],
         "optimizer_ms": float(np.median(times)),
         "optimizer_ms_stats": {"plans": len(times), "median": float(np.median(times)),
                                "max": float(np.max(times))},

@@ -5,7 +5,8 @@ JSON keys (``services.bench.e3.assemble``): ``mode`` ("simulated"), ``model``,
 ``vanilla`` / ``naive_ee`` / ``e3`` (goodput_rps, agreement and cost = device-seconds per
 1,000 answers within the SLO, of the saturated run; p50_ms and p99_ms at the common load;
 mean_batch per stage, devices; ``saturated``: p50/p99, dropped and late of that run),
-``e3_over_naive_ee``, ``e3_over_vanilla``, ``optimizer_ms`` (median wall time of one
+``e3_over_naive_ee``, ``e3_over_vanilla``, ``fusion_bound`` (the most E3 could gain over
+naive early exit in that run: ``e3_policies.fusion_bound``), ``optimizer_ms`` (median wall time of one
 ``plan`` call; ``optimizer_ms_stats``), ``plan`` (the headline plan), ``forecast_mape``
 (ARIMA, headline stream; ``forecast`` has ARIMA and naive on both streams),
 ``device_class`` (the headline class; ``modeled: true`` when it is), ``device_classes``,
@@ -87,6 +88,9 @@ def _headline(doc: dict[str, Any]) -> list[str]:
     lines.append(f"  E3 / naive EE {_f(doc['e3_over_naive_ee'], '.2f')}x (paper: up to 1.74x), "
                  f"E3 / vanilla {_f(doc['e3_over_vanilla'], '.2f')}x (paper: up to 1.30x); cost "
                  "= device-seconds per 1,000 answers within the SLO; dropped/late: saturated run")
+    if doc.get("fusion_bound") is not None:
+        lines.append(f"  perfect fusion (naive's rows in full batches, block time only) would "
+                     f"be {doc['fusion_bound']:.2f}x naive EE: the most E3 can gain here")
     return lines
 
 

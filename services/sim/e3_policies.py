@@ -189,6 +189,20 @@ def e3_pipeline(p: Problem, plan: DeploymentPlan) -> Pipeline:
     return Pipeline("e3", tuple(stages), p.chain.ramp_after, p.hold_ms)
 
 
+def fusion_bound(table: LatencyTable, rows_at_blocks: Sequence[float], batch: int) -> float:
+    """How much faster than naive early exit E3 could be at most: naive runs block ``k`` on
+    batches of ``rows_at_blocks[k]`` (its mean, as simulated); perfect fusion would run the
+    same rows in full batches of ``batch``. Block time only (ramp heads and transfers are
+    left out): the ratio of naive's block time per batch to that of the same rows fused."""
+    naive = fused = 0.0
+    for k, rows in enumerate(rows_at_blocks):
+        if rows <= 0:
+            continue
+        naive += float(np.interp(rows, table.batch_sizes, table.block_ms[k]))
+        fused += table.blocks_at(batch)[k] * rows / batch
+    return naive / fused if fused > 0 else 1.0
+
+
 def useful_sites(thresholds: Sequence[float], exits: np.ndarray) -> tuple[int, ...]:
     """Sites the exit config lets samples out at: a threshold above 0 and at least one
     sample of ``exits`` (computed with every thresholded site active) leaving there."""

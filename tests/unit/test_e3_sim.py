@@ -15,6 +15,7 @@ from services.sim.e3_policies import (
     e3_pipeline,
     e3_problem,
     easy_mask,
+    fusion_bound,
     mix_stream,
     modeled_table,
     naive_pipeline,
@@ -324,3 +325,11 @@ def test_the_plan_becomes_a_pipeline_that_serves_every_request():
     assert capacity_rps(vanilla_pipeline(table, AFTER, 3, 8)) == pytest.approx(3 * 8000 / 32)
     # naive: block 0 at 8, block 1 at the 4 rows the forecast leaves: 18 + 10 ms
     assert capacity_rps(naive_pipeline(chain, table, (0,), 3, 8)) == pytest.approx(3 * 8000 / 28)
+
+
+def test_the_fusion_bound_is_naive_block_time_over_the_same_rows_in_full_batches():
+    # TABLE: block 0 is 3 ms at 1 row and 10 at 8, block 1 is 2 and 9. Naive runs block 0
+    # on 8 rows and block 1 on the 2 left: 10 + (2 + 7/7) = 13 ms; fused, block 1 takes a
+    # quarter of a full batch: 10 + 9 / 4 = 12.25 ms.
+    assert fusion_bound(TABLE, [8.0, 2.0], 8) == pytest.approx(13.0 / 12.25)
+    assert fusion_bound(TABLE, [8.0, 8.0], 8) == pytest.approx(1.0)  # nothing exits: no gain

@@ -8,7 +8,7 @@ stage's replicas taken by named pool workers.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -59,12 +59,37 @@ def latest_forecast(rows: Iterable[Mapping[str, Any]]) -> dict[int, float]:
     return {k: v for k, (_, v) in out.items()}
 
 
-def survival(geo: ModelGeometry, forecast: Mapping[int, float]) -> tuple[float, ...]:
+def current_ramps(rows: Iterable[Mapping[str, Any]]) -> frozenset[int]:
+    """The ramps forecast in the newest window that has a forecast: the ones running now."""
+    rows = [r for r in rows if r.get("forecast") is not None]
+    if not rows:
+        return frozenset()
+    newest = max(r["window_start"] for r in rows)
+    return frozenset(int(r["ramp"]) for r in rows if r["window_start"] == newest)
+
+
+def survival(geo: ModelGeometry, forecast: Mapping[int, float],
+             current: Collection[int] | None = None) -> tuple[float, ...]:
     """Survival after each site: the forecast where there is one, else what survived the
-    site before (no forecast: the ramp is not known to exit anything)."""
+    site before (no forecast: the ramp is not known to exit anything).
+
+    ``current``: the ramps the newest window measured. Any other ramp's forecast is older:
+    the ramp was switched off since, and the thresholds may have moved. It is kept only
+    within what the current ramps around it allow (at most the survival after the current
+    ramp before it, at least that after the next one). Otherwise a stale low figure would
+    take the exits of the running ramp after it, the exit wrapper would switch that ramp
+    off, and the plans would swap ramp sets back and forth."""
+    vals = {r: float(v) for r, v in forecast.items()}
+    if current is not None:
+        now = [(i, vals[r]) for i, r in enumerate(geo.ramp_ids) if r in current and r in vals]
+        for i, r in enumerate(geo.ramp_ids):
+            if r in vals and r not in current:
+                hi = min((v for j, v in now if j < i), default=1.0)
+                lo = max((v for j, v in now if j > i), default=0.0)
+                vals[r] = min(max(vals[r], lo), hi)
     out, last = [], 1.0
     for r in geo.ramp_ids:
-        last = float(forecast.get(r, last))
+        last = vals.get(r, last)
         out.append(last)
     return monotone_survival(out)
 
@@ -114,10 +139,11 @@ class Targets:
 
 def problem(geo: ModelGeometry, forecast: Mapping[int, float],
             tables: Mapping[str, LatencyTable], inventory: Mapping[str, Sequence[str]],
-            rate: float, t: Targets) -> Problem:
+            rate: float, t: Targets, current: Collection[int] | None = None) -> Problem:
     """The planning problem, sized for ``rate`` x the headroom; device classes without a
-    latency table cannot be planned and are left out (the caller says so)."""
-    chain = ModelChain(geo.n_blocks, geo.ramp_after, survival(geo, forecast))
+    latency table cannot be planned and are left out (the caller says so). ``current``:
+    the ramps measured in the newest window (see ``survival``)."""
+    chain = ModelChain(geo.n_blocks, geo.ramp_after, survival(geo, forecast, current))
     classes = tuple(DeviceClass(d, len(ids), tables[d]) for d, ids in inventory.items()
                     if d in tables)
     return Problem(chain, classes, rate=max(rate * t.headroom, 1e-3), slo_ms=t.slo_ms,

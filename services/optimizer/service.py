@@ -120,9 +120,10 @@ class Optimizer:
     def plan(self, model: str, geo: pi.ModelGeometry, tables: dict[str, Any], rate: float,
              reason: str, inventory: dict[str, tuple[str, ...]], drift: datetime | None,
              latest: dict[str, Any] | None, now: float) -> Plan:
-        forecast = pi.latest_forecast(self.store.batch_profiles(
-            model, since=utcnow() - timedelta(hours=1)))
-        problem = pi.problem(geo, forecast, tables, inventory, rate, self.targets)
+        profiles = self.store.batch_profiles(model, since=utcnow() - timedelta(hours=1))
+        forecast = pi.latest_forecast(profiles)
+        problem = pi.problem(geo, forecast, tables, inventory, rate, self.targets,
+                             pi.current_ramps(profiles))
         started = time.perf_counter()
         dp = make_plan(problem)
         optimizer_ms = (time.perf_counter() - started) * 1e3

@@ -46,6 +46,23 @@ def test_latest_forecast_and_survival_carry_over_ramps_without_one() -> None:
     assert pi.survival(GEO, {5: 0.5, 7: 0.7}) == (0.5, 0.5)  # made non-increasing
 
 
+def test_a_switched_off_ramps_old_forecast_stays_within_the_running_ramps_around_it():
+    geo = pi.ModelGeometry(4, (1, 2, 3), (0, 1, 2), (4.0, 4.0, 4.0))
+    rows = [{"ramp": 1, "window_start": T, "forecast": 0.7},
+            {"ramp": 2, "window_start": T, "forecast": 0.5},  # then switched off
+            {"ramp": 3, "window_start": T, "forecast": 0.4},
+            {"ramp": 1, "window_start": T + timedelta(seconds=10), "forecast": 0.75},
+            {"ramp": 3, "window_start": T + timedelta(seconds=10), "forecast": 0.6}]
+    forecast, now = pi.latest_forecast(rows), pi.current_ramps(rows)
+    assert now == {1, 3} and forecast == {1: 0.75, 2: 0.5, 3: 0.6}
+    # taken as it is, ramp 2's 0.5 would claim every exit the running ramp 3 makes
+    assert pi.survival(geo, forecast) == (0.75, 0.5, 0.5)
+    assert pi.survival(geo, forecast, now) == (0.75, 0.6, 0.6)
+    inside = {1: 0.75, 2: 0.7, 3: 0.6}  # within the bounds: kept
+    assert pi.survival(geo, inside, now) == (0.75, 0.7, 0.6)
+    assert pi.current_ramps([]) == frozenset()
+
+
 def test_latency_table_uses_only_complete_batch_sizes() -> None:
     rows = profile_rows()
     table = pi.latency_table(rows, GEO)

@@ -26,6 +26,7 @@ from services.common.config import Config
 from services.optimizer import plan_inputs as pi
 from services.optimizer.replan import Basis, replan_reason
 from services.optimizer.splits import plan as make_plan
+from services.optimizer.sticky_ramps import StageKey, keep_running, running_sites
 from services.optimizer.stragglers import StragglerWatch
 from services.store.db import utcnow
 from services.store.repository import Store
@@ -125,7 +126,7 @@ class Optimizer:
         problem = pi.problem(geo, forecast, tables, inventory, rate, self.targets,
                              pi.current_ramps(profiles))
         started = time.perf_counter()
-        dp = make_plan(problem)
+        dp = keep_running(make_plan(problem), problem, running_ramps(latest, geo))
         optimizer_ms = (time.perf_counter() - started) * 1e3
         current = current_roles(latest)
         workers = pi.assign(dp, inventory, current) if dp.feasible else []
@@ -182,6 +183,14 @@ def basis_of(row: dict[str, Any]) -> Basis:
     return Basis(float(inputs.get("made_at", 0.0)), inventory,
                  None if drift is None else datetime.fromisoformat(drift),
                  frozenset(inputs.get("profiled") or ()), float(inputs.get("rate_rps", 0.0)))
+
+
+def running_ramps(row: dict[str, Any] | None, geo: pi.ModelGeometry) -> dict[StageKey, tuple[int, ...]]:
+    """The ramp sites each stage of the stored plan ``row`` runs (``sticky_ramps``)."""
+    if row is None or not row["feasible"]:
+        return {}
+    return running_sites([(s.first_block, s.last_block, s.device, s.active_ramps)
+                          for s in Plan.decode(row["plan"]).stages], geo.ramp_ids)
 
 
 def current_roles(row: dict[str, Any] | None) -> dict[str, tuple[int, int]]:

@@ -33,6 +33,7 @@ POLICY_MODULES = {
     "services.optimizer.replan",
     "services.optimizer.split_search",
     "services.optimizer.stragglers",
+    "services.optimizer.sticky_ramps",
     "services.optimizer.splits",
     "services.profiler.batch_profile",
     "services.profiler.survival_forecast",

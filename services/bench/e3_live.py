@@ -32,8 +32,11 @@ seconds of the same stream (sessions warm, batch profiles and plans made). Figur
   profiles (ARIMA and naive against what each window observed).
 
 With ``--adapt`` the tuner runs beside the compute-mode policies: it starts from the same
-thresholds and adapts them on the shadow feedback, under the accuracy constraint; without,
-their thresholds stay as tuned on the trace (static).
+thresholds and adapts them on the shadow feedback, under the accuracy constraint; a
+policy's common phase then starts from the thresholds its tuner reached in the saturated
+phase, as a deployment that keeps running would (a fresh start from the trace's thresholds
+would measure the first minute of tuning again). Without ``--adapt`` the thresholds stay
+as tuned on the trace (static).
 """
 
 from __future__ import annotations
@@ -277,6 +280,15 @@ def run_policy(cfg, setup, model: str, policy: str, rate: float, opt: dict[str, 
     return fig
 
 
+def adapted_thresholds(cfg, model: str, start: dict[int, float]) -> dict[int, float]:
+    """The thresholds of ``start``'s ramps in the newest exit config of a finished phase
+    (what its tuner reached); a ramp the config does not hold keeps its start value."""
+    with Store(cfg.database_url) as store:
+        latest = store.latest_exit_config(model)
+    have = {} if latest is None else {int(k): float(v) for k, v in latest.thresholds.items()}
+    return {r: have.get(r, t) for r, t in start.items()}
+
+
 def run_live(args) -> dict[str, Any]:
     """Both phases of the three policies (see the module docstring); the JSON document."""
     import shutil
@@ -320,8 +332,12 @@ def run_live(args) -> dict[str, Any]:
     saturated = {p: run_policy(home(p), setup, model, p, rate, opt, xs, samples,
                                slo_ms, useful, thresholds, say) for p in POLICIES}
     common_rate = COMMON_LOAD * min(f["goodput_rps"] for f in saturated.values())
+    start = {p: adapted_thresholds(home(p), model, thresholds)
+             if opt["adapt"] and p != "vanilla" else thresholds for p in POLICIES}
     common = {p: run_policy(home(p), setup, model, p, common_rate, opt, xs, samples, slo_ms,
-                            useful, thresholds, say) for p in POLICIES}
+                            useful, start[p], say) for p in POLICIES}
+    for p in POLICIES:
+        common[p]["start_thresholds"] = {str(k): v for k, v in start[p].items()}
     return assemble(opt, model, slo_ms, useful, thresholds, saturated, common, home("e3"),
                     setup.info)
 

@@ -104,3 +104,19 @@ def test_gpu_curve_picks_a_published_subnet_curve_and_names_it():
     assert default.table.blocks_at(16).sum() > 4 * default.table.blocks_at(1).sum()
     with pytest.raises(ValueError, match="--gpu-curve 9"):
         e3_inputs.gpu_class(cpu, full, subnet=9)
+
+
+def test_with_adapt_the_common_phase_starts_where_the_tuner_left_off(tmp_path):
+    from types import SimpleNamespace
+
+    from services.bench.e3_live import adapted_thresholds
+    from services.store.migrate import upgrade
+    from services.store.repository import Store
+
+    cfg = SimpleNamespace(database_url=f"sqlite:///{tmp_path / 's.db'}")
+    upgrade(cfg.database_url)
+    start = {0: 0.3, 1: 0.2, 2: 0.1}
+    with Store(cfg.database_url) as store:
+        assert adapted_thresholds(cfg, "tiny", start) == start  # no config yet
+        store.save_exit_config("tiny", {0: 0.05, 1: 0.25}, [0, 1], "compute", "tuner")
+    assert adapted_thresholds(cfg, "tiny", start) == {0: 0.05, 1: 0.25, 2: 0.1}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Sequence
 
 import numpy as np
 from nats.aio.client import Client
@@ -180,12 +181,16 @@ class Tuner:
         active = sorted(int(r) for r in latest.active) if latest is not None else ramps
         th = {int(k): float(v) for k, v in (latest.thresholds if latest is not None else {}).items()}
         compute = latest is not None and latest.mode == "compute"
-        return ExitController(LatencyProfile.from_manifest(manifest), active, [th.get(r, 0.0) for r in active],
+        return self._controller(manifest, active, [th.get(r, 0.0) for r in active], compute)
+
+    def _controller(self, manifest: Manifest, active: Sequence[int],
+                    thresholds: Sequence[float], compute: bool) -> ExitController:
+        """The configured controller; compute mode: no ramp adjustment, interval alerts."""
+        return ExitController(LatencyProfile.from_manifest(manifest), active, thresholds,
                               constraint=self.cfg.accuracy_loss, budget=self.cfg.ramp_budget,
                               climb=climb_native.best_climb(self.cfg.tuner_native),
                               adjust_every=NEVER if compute else ADJUST_EVERY,
-                              alert_on_interval=compute,
-                              adjust_window=2 * ADJUST_EVERY)
+                              alert_on_interval=compute, adjust_window=2 * ADJUST_EVERY)
 
     async def on_samples(self, msg: Msg) -> None:
         try:
@@ -220,11 +225,8 @@ class Tuner:
         if running == tuner.controller.active:
             return
         th = tuner.config_thresholds
-        tuner.controller = ExitController(
-            LatencyProfile.from_manifest(tuner.manifest), running,
-            [th.get(r, 0.0) for r in running], constraint=self.cfg.accuracy_loss,
-            budget=self.cfg.ramp_budget, climb=climb_native.best_climb(self.cfg.tuner_native),
-            adjust_every=NEVER, adjust_window=2 * ADJUST_EVERY)
+        tuner.controller = self._controller(tuner.manifest, running,
+                                            [th.get(r, 0.0) for r in running], compute=True)
         wire_evidence(tuner)
         self.log.info("tuning the ramps the plan runs %s", logs.kv(
             model=tuner.name, ramps=",".join(map(str, running)) or "none"))

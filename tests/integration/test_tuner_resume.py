@@ -90,6 +90,7 @@ def test_in_compute_mode_the_tuner_tunes_the_ramps_the_plan_runs_and_keeps_the_r
     mt = tuner.load(MODEL)
     tuner._follow_plan(mt, [2, 0])  # the plan switched ramp 1 off
     assert mt.controller.active == (0, 2) and mt.controller.thresholds == (0.1, 0.3)
+    assert mt.controller.alert_on_interval and mt.controller.adjust_every > 10**9
     d = SimpleNamespace(kind="tune", utilities=[], changed=True, active=(0, 2),
                         thresholds=(0.05, 0.25), trigger="alert", action="tune", reason="test")
     asyncio.run(tuner._deploy(mt, d, 0.1))

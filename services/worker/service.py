@@ -164,6 +164,22 @@ class Worker(ComputeMode):
         except Exception as exc:  # noqa: BLE001
             self.log.error("bad exit config: %r", exc)
             return
+        await self.consider_config(config)
+
+    async def catch_up_config(self) -> None:
+        """Take the store's newest exit config if it is newer than what this worker holds:
+        one published while the worker built its sessions, before it subscribed, would
+        otherwise never reach it (the worker would serve the old config until the next)."""
+        if self.store is None:
+            return
+        row = await asyncio.to_thread(self.store.latest_exit_config, self.plan.model)
+        if row is not None and row.version > self._newest_version():
+            await self.consider_config(ExitConfig(self.plan.model, row.version, row.mode,
+                                                  dict(row.thresholds), list(row.active),
+                                                  heads=dict(row.heads)))
+
+    async def consider_config(self, config: ExitConfig) -> None:
+        """Check a new exit config, build what it needs, then queue it for the next batch."""
         if config.model != self.plan.model or config.version <= self._newest_version():
             return
         unknown = sorted((set(config.thresholds) | set(config.active) | set(config.heads))
@@ -677,6 +693,7 @@ async def start_role(nc: Client, cfg: Config, store, log, plan: StagePlan,
     await asyncio.to_thread(worker.warm, worker.config)
     worker._log_tap_notes()
     subs = [await nc.subscribe(subjects.exit_config(plan.model), cb=worker.on_config)]
+    await worker.catch_up_config()
     if plan.stage == 0:
         subs.append(await subscribe_direct(nc, subjects.work(worker.id), worker.on_batch))
     else:

@@ -87,3 +87,45 @@ def test_a_version_the_store_did_not_issue_is_refused(tiny_dir, tmp_path, caplog
     assert seen == [None, None, version]  # forged and mangled refused, the issued one taken
     assert "the store issued no version 999999" in caplog.text
     assert f"version {version} differs from the one the store issued" in caplog.text
+
+
+async def _catch_up(tiny_dir, store) -> list:
+    from services.runtime.manifest import Manifest
+    from services.runtime.stage import StageRuntime
+    from services.worker.service import StagePlan, Worker
+
+    manifest = Manifest.load(tiny_dir)
+    runtime = StageRuntime(tiny_dir, manifest, 0, manifest.num_blocks)
+    w = Worker(SimpleNamespace(max_payload=8 << 20), config_mod.load(),
+               StagePlan("tiny", 0, 1, 0, manifest.num_blocks), manifest, runtime, store,
+               logging.getLogger("test"))
+    ramps = [r.index for r in manifest.ramps]
+    first = store.save_exit_config("tiny", {r: 0.2 for r in ramps}, ramps[:1], "latency", "a")
+    w.config = ExitConfig("tiny", first.version, thresholds=dict(first.thresholds),
+                          active=list(first.active))  # what the worker read while loading
+    seen = []
+    await w.catch_up_config()
+    seen.append(w.next_config)  # nothing newer: nothing to take
+    # stored and broadcast while the worker built its sessions, before it subscribed
+    later = store.save_exit_config("tiny", {r: 0.3 for r in ramps}, ramps[:2], "compute", "b")
+    await w.catch_up_config()
+    seen.append(w.next_config)
+    return seen, later
+
+
+def test_a_config_published_before_the_worker_subscribed_is_caught_up_from_the_store(
+        tiny_dir, tmp_path):
+    from services.store.migrate import upgrade
+    from services.store.repository import Store
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    upgrade(url)
+    store = Store(url)
+    try:
+        seen, later = asyncio.run(_catch_up(tiny_dir, store))
+    finally:
+        store.close()
+    assert seen[0] is None
+    got = seen[1]
+    assert (got.version, got.mode, sorted(got.active)) == \
+        (later.version, "compute", sorted(later.active))

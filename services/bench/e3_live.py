@@ -20,8 +20,9 @@ worker processes, each with one ONNX Runtime thread:
 Each runs two phases on one stream: a saturated phase (Poisson arrivals at ``LOAD`` x the
 vanilla deployment's expected capacity, from its measured batch time) whose goodput is
 what it sustains, then a common phase at ``COMMON_LOAD`` x the lowest saturated goodput,
-where p50/p99 and cost are compared at equal goodput. Both phases start after ``WARM_S``
-seconds of the same stream (sessions warm, batch profiles and plans made). Figures:
+where p50/p99 and cost are compared at equal goodput. A stack's phases start once its
+profiler has measured the model (``await_latency_profile``), and are measured after
+``WARM_S`` seconds of the same stream (sessions warm, batch profiles and plans made). Figures:
 
 - goodput: answers within the SLO per second of arrivals;
 - p50/p99: end to end at the client, from each request's scheduled arrival;
@@ -71,6 +72,7 @@ WARM_S = 20.0       # seconds of the stream before a phase is measured
 PROFILE_WINDOW_S = 4.0
 PLAN_INTERVAL_S = 30.0
 MIN_WINDOW_SAMPLES = 200
+PROFILE_WAIT_S = 300.0  # a stack's profiler measures the model before any phase starts
 POLICIES = ("vanilla", "naive_ee", "e3")
 
 
@@ -111,9 +113,27 @@ def policy_stack(cfg, model: str, policy: str, workers: int, say):
         url = sup.start()
         say(f"{policy}: stack up ({workers} workers; logs in {cfg.home / 'logs'})")
         sup.wait_ready(300)
+        await_latency_profile(cfg, model, PROFILE_WAIT_S)
         yield sup, url
     finally:
         sup.stop()
+
+
+def await_latency_profile(cfg, model: str, timeout_s: float) -> None:
+    """Wait until the stack's profiler has measured ``model`` on the workers' device class.
+    The profiler measures a new stack's model on the machine's cores; under load that takes
+    cores from the workers and leaves a backlog, so every policy starts after it (E3's
+    optimizer needs the profile anyway; the fixed layouts would otherwise pay for it)."""
+    from services.runtime.devices import device_class
+
+    device = device_class(cfg.device, threads=cfg.ort_threads)
+    deadline = time.monotonic() + timeout_s
+    with Store(cfg.database_url) as store:
+        while not store.latency_profile(model, device):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no latency profile of {model} on {device} after "
+                                   f"{timeout_s:.0f} s: see the profiler's log")
+            time.sleep(0.5)
 
 
 def set_policy(cfg, url: str, model: str, policy: str, ramp_ids: list[int],

@@ -76,8 +76,7 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
         row = store.save_exit_config(model, thresholds, active_ramps, mode, reason, heads)
     finally:
         store.close()
-    config = ExitConfig(model, row.version, row.mode, dict(row.thresholds), list(row.active),
-                        heads=dict(row.heads))
+    config = row.message()
 
     async def publish() -> None:
         nc = await bus.connect(nats_url, "offramp-exit-config", connect_timeout=3,

@@ -194,12 +194,10 @@ def fusion_bound(table: LatencyTable, rows_at_blocks: Sequence[float], batch: in
     batches of ``rows_at_blocks[k]`` (its mean, as simulated); perfect fusion would run the
     same rows in full batches of ``batch``. Block time only (ramp heads and transfers are
     left out): the ratio of naive's block time per batch to that of the same rows fused."""
-    naive = fused = 0.0
-    for k, rows in enumerate(rows_at_blocks):
-        if rows <= 0:
-            continue
-        naive += float(np.interp(rows, table.batch_sizes, table.block_ms[k]))
-        fused += table.blocks_at(batch)[k] * rows / batch
+    rows = np.asarray(rows_at_blocks, dtype=np.float64)
+    k = np.flatnonzero(rows > 0)
+    naive = float(table.blocks_at(rows[k])[k, np.arange(k.size)].sum())
+    fused = float((table.blocks_at(batch)[k] * rows[k] / batch).sum())
     return naive / fused if fused > 0 else 1.0
 
 

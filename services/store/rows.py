@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from schemas.messages import ExitConfig
 from services.store.db import naive_utc
 
 T = TypeVar("T")
@@ -23,6 +24,11 @@ class ExitConfigRow:
     reason: str
     created_at: datetime  # naive UTC
     heads: dict[int, str] = field(default_factory=dict)  # ramp -> refitted head file
+
+    def message(self) -> ExitConfig:
+        """This config as the bus broadcasts it."""
+        return ExitConfig(self.model, self.version, self.mode, dict(self.thresholds),
+                          list(self.active), heads=dict(self.heads))
 
 
 def opt(kind: Callable[[Any], T], value: Any) -> T | None:

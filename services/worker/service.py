@@ -174,9 +174,7 @@ class Worker(ComputeMode):
             return
         row = await asyncio.to_thread(self.store.latest_exit_config, self.plan.model)
         if row is not None and row.version > self._newest_version():
-            await self.consider_config(ExitConfig(self.plan.model, row.version, row.mode,
-                                                  dict(row.thresholds), list(row.active),
-                                                  heads=dict(row.heads)))
+            await self.consider_config(row.message())
 
     async def consider_config(self, config: ExitConfig) -> None:
         """Check a new exit config, build what it needs, then queue it for the next batch."""
@@ -686,8 +684,7 @@ async def start_role(nc: Client, cfg: Config, store, log, plan: StagePlan,
         worker.take_plan_role(stage_role)
     row = await asyncio.to_thread(store.latest_exit_config, plan.model) if store else None
     if row is not None:
-        worker.config = ExitConfig(plan.model, row.version, row.mode, dict(row.thresholds),
-                                   list(row.active), heads=dict(row.heads))
+        worker.config = row.message()
         worker.version_gauge.set(row.version)
     await asyncio.to_thread(runtime.preload_taps)
     await asyncio.to_thread(worker.warm, worker.config)

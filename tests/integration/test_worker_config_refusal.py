@@ -48,7 +48,7 @@ def test_invalid_exit_configs_are_refused_and_the_last_good_one_stays(tiny_dir, 
     assert "ramps [99] do not exist in this model" in caplog.text
 
 
-async def _run_with_store(tiny_dir, store) -> list:
+def _worker_with_store(tiny_dir, store):
     from services.runtime.manifest import Manifest
     from services.runtime.stage import StageRuntime
     from services.worker.service import StagePlan, Worker
@@ -58,7 +58,11 @@ async def _run_with_store(tiny_dir, store) -> list:
     w = Worker(SimpleNamespace(max_payload=8 << 20), config_mod.load(),
                StagePlan("tiny", 0, 1, 0, manifest.num_blocks), manifest, runtime, store,
                logging.getLogger("test"))
-    ramps = [r.index for r in manifest.ramps]
+    return w, [r.index for r in manifest.ramps]
+
+
+async def _run_with_store(tiny_dir, store) -> list:
+    w, ramps = _worker_with_store(tiny_dir, store)
     row = store.save_exit_config("tiny", {r: 0.2 for r in ramps}, ramps[:1], "latency", "test")
     issued = ExitConfig("tiny", row.version, thresholds=dict(row.thresholds),
                         active=list(row.active))
@@ -90,16 +94,7 @@ def test_a_version_the_store_did_not_issue_is_refused(tiny_dir, tmp_path, caplog
 
 
 async def _catch_up(tiny_dir, store) -> list:
-    from services.runtime.manifest import Manifest
-    from services.runtime.stage import StageRuntime
-    from services.worker.service import StagePlan, Worker
-
-    manifest = Manifest.load(tiny_dir)
-    runtime = StageRuntime(tiny_dir, manifest, 0, manifest.num_blocks)
-    w = Worker(SimpleNamespace(max_payload=8 << 20), config_mod.load(),
-               StagePlan("tiny", 0, 1, 0, manifest.num_blocks), manifest, runtime, store,
-               logging.getLogger("test"))
-    ramps = [r.index for r in manifest.ramps]
+    w, ramps = _worker_with_store(tiny_dir, store)
     first = store.save_exit_config("tiny", {r: 0.2 for r in ramps}, ramps[:1], "latency", "a")
     w.config = ExitConfig("tiny", first.version, thresholds=dict(first.thresholds),
                           active=list(first.active))  # what the worker read while loading

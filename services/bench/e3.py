@@ -420,6 +420,8 @@ def acceptance(runs: list[dict[str, Any]], head: dict[str, Any]) -> dict[str, An
 
 
 def run_e3(args: argparse.Namespace) -> int:
+    if getattr(args, "accuracy", False):
+        return run_e3_accuracy(args)
     if not getattr(args, "sim", False):
         return run_e3_live(args)
     say = inputs.say_stderr
@@ -445,6 +447,17 @@ def run_e3(args: argparse.Namespace) -> int:
     print(report_table(doc))
     Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     return 0
+
+
+def run_e3_accuracy(args: argparse.Namespace) -> int:
+    """Compute mode's accuracy loop in replay (``services.bench.e3_accuracy``)."""
+    from services.bench import e3_accuracy
+
+    try:
+        return e3_accuracy.run_accuracy(args)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def run_e3_live(args: argparse.Namespace) -> int:

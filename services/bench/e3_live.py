@@ -87,15 +87,17 @@ def trace_inputs(manifest, n: int) -> list[dict[str, np.ndarray]]:
 
 
 def bench_config(home: Path, models_dir: Path, model: str, batch: int, slo_ms: float,
-                 adapt: bool = False):
+                 adapt: bool = False, shadow_rate: float | None = None):
     from services.common import config
 
-    return replace(config.load(), home=home, models_dir=models_dir, models=(model,),
+    base = config.load()
+    return replace(base, home=home, models_dir=models_dir, models=(model,),
                    database_url=f"sqlite:///{home / 'offramp.db'}", nats_url=None,
                    max_batch=batch, default_slo_ms=slo_ms, ort_threads=1,
                    queue_limit=100_000, ramp_feature_rate=0.0,
                    profile_window_s=PROFILE_WINDOW_S, plan_interval_s=PLAN_INTERVAL_S,
-                   adapt=adapt)
+                   adapt=adapt,
+                   shadow_rate=base.shadow_rate if shadow_rate is None else shadow_rate)
 
 
 @contextmanager
@@ -272,7 +274,19 @@ def live_options(args) -> dict[str, Any]:
     return {**opt, "batch": opt["batches"][-1] if getattr(args, "batches", None) is None
             else opt["batches"][0], "mix": opt["mixes"][0], "workers": int(workers),
             "seconds": float(seconds), "warm_s": warm,
-            "adapt": bool(getattr(args, "adapt", False))}
+            "adapt": bool(getattr(args, "adapt", False)),
+            "shadow_rate": shadow_rate_of(args)}
+
+
+def shadow_rate_of(args) -> float:
+    """``--shadow-rate``, else the configured ``OFFRAMP_SHADOW_RATE``."""
+    from services.common import config
+
+    rate = getattr(args, "shadow_rate", None)
+    rate = config.load().shadow_rate if rate is None else float(rate)
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"--shadow-rate must lie in [0, 1], got {rate}")
+    return rate
 
 
 def run_policy(cfg, setup, model: str, policy: str, rate: float, opt: dict[str, Any],
@@ -345,7 +359,7 @@ def run_live(args) -> dict[str, Any]:
     def home(policy: str):
         d = root / policy
         return bench_config(d, base.models_dir, model, b, slo_ms,
-                            opt["adapt"] and policy != "vanilla")
+                            opt["adapt"] and policy != "vanilla", opt["shadow_rate"])
 
     shutil.rmtree(root, ignore_errors=True)
     rate = min(LOAD * capacity, MAX_RATE)
@@ -374,6 +388,7 @@ def assemble(opt: dict[str, Any], model: str, slo_ms: float, useful: list[int],
         "mode": "live", "model": model, "machine": machine(), "workers": opt["workers"],
         "batch": opt["batch"], "mix": opt["mix"], "seed": opt["seed"], "slo_ms": slo_ms,
         "seconds": opt["seconds"], "warm_s": opt["warm_s"], "adapt": opt["adapt"],
+        "shadow_rate": opt["shadow_rate"],
         "useful_ramps": useful, "thresholds": {str(k): v for k, v in thresholds.items()},
         "saturated": saturated, "common": common,
         "forecast_mape": forecast_errors(e3_cfg, model),
@@ -393,15 +408,17 @@ def table(doc: dict[str, Any]) -> str:
 
     lines = [(f"bench e3 (live, {doc['model']}, {doc['workers']} workers, batch {doc['batch']}, "
              f"mix {doc['mix']}, SLO {doc['slo_ms']:.0f} ms, thresholds "
-             f"{'adapted by the tuner' if doc.get('adapt') else 'static'})"),
-             ("| policy | goodput (saturated) | agreement | p50 / p99 (common rate) | cost "
+             f"{'adapted by the tuner' if doc.get('adapt') else 'static'}, shadow feedback "
+             f"{100 * doc.get('shadow_rate', 0.0):g} %)"),
+             ("| policy | goodput (saturated) | agreement (saturated / common) | p50 / p99 "
+              "(common rate) | cost "
              "(worker-s / 1000, common) | mean batch by stage (saturated) |"),
              "|---|---|---|---|---|---|"]
     for p in POLICIES:
         s, c = doc["saturated"][p], doc["common"][p]
         batches = ", ".join(f"{k}: {v:.1f}" for k, v in sorted(s["mean_batch_by_stage"].items()))
         lines.append(f"| {p} | {f(s['goodput_rps'])} req/s at {f(s['rate_rps'])} | "
-                     f"{f(s['agreement'], '.4f')} | {f(c['p50_ms'])} / {f(c['p99_ms'])} ms | "
+                     f"{f(s['agreement'], '.4f')} / {f(c['agreement'], '.4f')} | {f(c['p50_ms'])} / {f(c['p99_ms'])} ms | "
                      f"{f(c['cost'], '.2f')} | {batches or '-'} |")
     v, n, e = (doc["saturated"][p]["goodput_rps"] for p in POLICIES)
     lines.append(f"E3 / vanilla {e / v:.2f}x, E3 / naive {e / n:.2f}x (saturated goodput); "

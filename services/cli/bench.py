@@ -71,12 +71,19 @@ def e3_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--sim", action="store_true",
                        help="e3: simulate at --devices (without it: live on this machine, "
                        "--workers worker processes per policy, default 2)")
+    bench.add_argument("--accuracy", action="store_true",
+                       help="e3: replay compute mode's accuracy loop (the tuner on the shadow "
+                       "sample) over seeds, mixes and shadow rates")
     bench.add_argument("--workers", type=int, metavar="N",
                        help="e3 live: worker processes per policy (default 2)")
     bench.add_argument("--seconds", type=float, metavar="S",
                        help="e3 live: measured seconds per phase (default 40)")
     bench.add_argument("--adapt", action="store_true",
                        help="e3 live: the tuner adapts the compute-mode runs' thresholds")
+    bench.add_argument("--shadow-rate", type=float, metavar="R",
+                       help="e3 live: share of requests kept as compute-mode feedback "
+                       "(default OFFRAMP_SHADOW_RATE, 0.05); e3 --accuracy: the one rate "
+                       "to replay (default 0.05, 0.1 and 0.2)")
     bench.add_argument("--warm-s", type=float, metavar="S",
                        help="e3 live: seconds of the stream before a phase is measured (default 20)")
     bench.add_argument("--devices", metavar="N,...",

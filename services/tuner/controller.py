@@ -87,6 +87,7 @@ DEFAULT_BACKOFF = 0.25       # after an alert, failing ramps' thresholds <= this
 DEFAULT_COOLDOWN_ROUNDS = 2  # adjust rounds a deactivated site is not trialled again
 MAX_COOLDOWN_ROUNDS = 32     # the longest wait after repeated failures (4096 samples)
 MIN_EVIDENCE = 128          # sampled inputs an evidence window needs to choose the active set
+NEVER = 2**62               # adjust_every of a compute-mode controller: no adjustment rounds
 
 
 @dataclass(frozen=True)
@@ -523,3 +524,16 @@ def _without(seg: tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray], si
     keep = [k for k, r in enumerate(ids) if r != site]
     return tuple(ids[k] for k in keep), pred[keep], score[keep], final
 
+
+
+def mode_controller(profile: LatencyProfile, active: Iterable[int], thresholds: Iterable[float],
+                    *, compute: bool, constraint: float = DEFAULT_CONSTRAINT,
+                    budget: float = DEFAULT_BUDGET, climb: Climb | None = None) -> ExitController:
+    """The controller the tuner runs for an exit mode (the replay of compute mode runs the
+    same). Compute mode tunes thresholds only: which ramps run is the deployment plan's call
+    (E3 §3.4), and the ramp budget is a latency-mode notion. Its feedback is a sample of the
+    stream, so it alerts on the agreement interval's upper bound."""
+    return ExitController(profile, list(active), list(thresholds), constraint=constraint,
+                          budget=budget, climb=climb,
+                          adjust_every=NEVER if compute else ADJUST_EVERY,
+                          alert_on_interval=compute, adjust_window=2 * ADJUST_EVERY)

@@ -44,8 +44,7 @@ from services.runtime.manifest import Manifest
 from services.runtime.ramp_heads import load_head, save_head
 from services.store.repository import Store
 from services.tuner import climb_native
-from services.tuner.controller import ExitController, TunerDecision
-from services.tuner.ramp_adjust import ADJUST_EVERY
+from services.tuner.controller import ExitController, TunerDecision, mode_controller
 from services.tuner.ramp_learner import LearnerConfig, RampLearner, soft_temperature
 
 STATE_EVERY_S = 5.0  # also save the controller state this often while feedback arrives
@@ -76,7 +75,6 @@ def head_version(file: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-NEVER = 2**62  # adjust_every of a compute-mode controller: no ramp-adjustment rounds
 
 
 class ModelTuner:
@@ -185,12 +183,11 @@ class Tuner:
 
     def _controller(self, manifest: Manifest, active: Sequence[int],
                     thresholds: Sequence[float], compute: bool) -> ExitController:
-        """The configured controller; compute mode: no ramp adjustment, interval alerts."""
-        return ExitController(LatencyProfile.from_manifest(manifest), active, thresholds,
-                              constraint=self.cfg.accuracy_loss, budget=self.cfg.ramp_budget,
-                              climb=climb_native.best_climb(self.cfg.tuner_native),
-                              adjust_every=NEVER if compute else ADJUST_EVERY,
-                              alert_on_interval=compute, adjust_window=2 * ADJUST_EVERY)
+        """The configured controller of the mode (``controller.mode_controller``)."""
+        return mode_controller(LatencyProfile.from_manifest(manifest), active, thresholds,
+                               compute=compute, constraint=self.cfg.accuracy_loss,
+                               budget=self.cfg.ramp_budget,
+                               climb=climb_native.best_climb(self.cfg.tuner_native))
 
     async def on_samples(self, msg: Msg) -> None:
         try:

@@ -60,7 +60,7 @@ def test_resume_with_other_sites_starts_from_the_config_in_force(tuner, models_d
 
 def test_in_compute_mode_the_tuner_tunes_thresholds_and_leaves_the_active_set_to_plans(
         tuner, models_dir):
-    from services.tuner.service import NEVER
+    from services.tuner.controller import NEVER
 
     tuner.store.save_exit_config(MODEL, {0: 0.1, 1: 0.2}, [0, 1], "compute", "test")
     got = tuner.load(MODEL)

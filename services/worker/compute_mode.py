@@ -5,11 +5,14 @@ earliest deadline among them allows.
 
 Feedback: the samples the shadow sampler selects (``OFFRAMP_SHADOW_RATE`` of the requests,
 by a seeded hash of the id) keep every record. Those that exit are answered at once and
-run on to the final layer as **shadow** batches, which a worker serves only when no real
-work waits (at most ``SHADOW_QUEUE`` of them are held; the oldest is dropped beyond that,
-counted in the log). The last stage's telemetry reports the selected samples only: an
-unbiased sample of the stream whose final answers are known, which is what the monitor's
-agreement and the tuner rest on in compute mode.
+run on to the final layer as **shadow** batches, which a worker serves when no real work
+waits, or once the oldest has waited ``SHADOW_MAX_WAIT_S``: feedback starved under load
+would lose exactly the exited rows of the sample while its other rows, on the real path,
+still report, and the tuner would see an easier stream than the one served. Waiting shadow
+batches of one config run fused. At most ``SHADOW_QUEUE`` are held; the oldest is dropped
+beyond that, counted in the log. The last stage's telemetry reports the selected samples
+only: an unbiased sample of the stream whose final answers are known, which is what the
+monitor's agreement and the tuner rest on in compute mode.
 
 A mixin of :class:`services.worker.service.Worker`, which owns the bus, the runtime and
 the answering; the parts here run in the worker's compute thread or on its event loop as
@@ -36,6 +39,7 @@ from services.worker.stage_exec import ComputeOutcome, execute_compute
 
 COMPUTE = "compute"
 SHADOW_QUEUE = 64  # shadow batches a worker holds; feedback only, so the oldest may go
+SHADOW_MAX_WAIT_S = 1.0  # a shadow batch this old runs before the next real batch
 IDLE_WAKE_S = 0.5  # the fusion loop's nap when nothing is held
 
 
@@ -169,6 +173,22 @@ class ComputeMode:
                              (batch, received)))
         self.release_fused(time.monotonic())
         self.fusion_wake.set()
+
+    def shadow_due(self, now: float) -> Fused | None:
+        """Shadow work to run now: when no real work waits, or the oldest shadow batch has
+        waited ``SHADOW_MAX_WAIT_S``; the waiting batches fusable with the oldest, up to the
+        stage's target batch, run as one."""
+        if not self.shadow_work:
+            return None
+        if not self.queue.empty() and now - self.shadow_work[0][1] < SHADOW_MAX_WAIT_S:
+            return None
+        parts = [self.shadow_work.popleft()]
+        rows = len(parts[0][0].ids)
+        while (self.shadow_work and fusable(parts[0][0], self.shadow_work[0][0])
+               and rows + len(self.shadow_work[0][0].ids) <= self.fusion.target):
+            rows += len(self.shadow_work[0][0].ids)
+            parts.append(self.shadow_work.popleft())
+        return Fused(parts)
 
     def release_fused(self, now: float) -> None:
         """Queue every fused batch that is due (full, or its deadline or hold has come)."""

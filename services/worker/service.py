@@ -264,8 +264,8 @@ class Worker(ComputeMode):
             if self.queue.empty() and self.backlog:
                 await self.process_set_aside()
                 continue
-            if self.queue.empty() and self.shadow_work:  # feedback only: after real work
-                await self.process_fused(Fused([self.shadow_work.popleft()]))
+            if (shadow := self.shadow_due(time.monotonic())) is not None:
+                await self.process_fused(shadow)  # feedback: after real work, or when aged
                 continue
             batch, received = await self.queue.get()
             if batch is None:  # a wake-up: shadow work arrived while idle

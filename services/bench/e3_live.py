@@ -29,6 +29,8 @@ profiler has measured the model (``await_latency_profile``), and are measured af
 - agreement: each answer's label against the vanilla run's label for the same request;
 - cost: worker-seconds per 1,000 answers (workers holding a role x the phase's duration);
 - mean batch per stage: from the workers' own batch-size histograms;
+- the tuner's path in each compute-mode phase (warm-up included): its alerts (cuts on a
+  window below the constraint) and savings tunes, from the store's exit configs;
 - E3's plans (versions, reasons, optimizer time) and the forecast MAPE of its batch
   profiles (ARIMA and naive against what each window observed).
 
@@ -44,9 +46,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +235,24 @@ def plans_of(cfg, model: str, since: float) -> list[dict[str, Any]]:
             for r in rows if (r["inputs"].get("made_at") or 0) >= since]
 
 
+def tuner_moves(cfg, model: str, since: float) -> dict[str, int]:
+    """The tuner's decisions that changed the exit config since ``since`` (unix s)."""
+    with Store(cfg.database_url) as store:
+        rows = store.exit_configs(model)
+    return count_moves(r.reason for r in rows
+                       if r.created_at.replace(tzinfo=UTC).timestamp() >= since)
+
+
+def count_moves(reasons: Iterable[str]) -> dict[str, int]:
+    """Tuner configs by trigger: the tuner stores its reason as ``tuner <trigger>/<action>:
+    ...`` (alert: cut on a window below the constraint; slack: a tune for savings)."""
+    out = {"alert": 0, "slack": 0}
+    for reason in reasons:
+        if m := re.match(r"tuner (\w+)/", reason):
+            out[m.group(1)] = out.get(m.group(1), 0) + 1
+    return out
+
+
 def workers_in_plan(cfg, model: str) -> int | None:
     with Store(cfg.database_url) as store:
         row = store.latest_plan(model, feasible=True)
@@ -309,6 +332,8 @@ def run_policy(cfg, setup, model: str, policy: str, rate: float, opt: dict[str, 
     fig.update({"rate_rps": rate, "mean_batch_by_stage": batches})
     if policy == "e3":
         fig["plans"] = plans_of(cfg, model, started)
+    if policy != "vanilla":
+        fig["tuner"] = tuner_moves(cfg, model, started)
     say(f"{policy} at {rate:.1f} req/s: goodput {fig['goodput_rps']:.1f}/s, p50 "
         f"{fig['p50_ms']} ms, agreement {fig['agreement']}, batches {batches}")
     return fig
@@ -402,24 +427,34 @@ def assemble(opt: dict[str, Any], model: str, slo_ms: float, useful: list[int],
     return doc
 
 
-def table(doc: dict[str, Any]) -> str:
-    def f(x: Any, fmt: str = ".1f") -> str:
-        return "-" if x is None else format(x, fmt)
+def _f(x: Any, fmt: str = ".1f") -> str:
+    return "-" if x is None else format(x, fmt)
 
+
+def table_row(p: str, s: dict[str, Any], c: dict[str, Any]) -> str:
+    """One policy: saturated (``s``) and common (``c``) phase figures."""
+    batches = ", ".join(f"{k}: {v:.1f}" for k, v in sorted(s["mean_batch_by_stage"].items()))
+    moves = " / ".join(f"{x['tuner']['alert']}+{x['tuner']['slack']}" if "tuner" in x else "-"
+                       for x in (s, c))
+    return (f"| {p} | {_f(s['goodput_rps'])} req/s at {_f(s['rate_rps'])} | "
+            f"{_f(s['agreement'], '.4f')} / {_f(c['agreement'], '.4f')} | "
+            f"{_f(100 * s['early_share'] if s.get('early_share') is not None else None, '.0f')} % | "
+            f"{_f(c['p50_ms'])} / {_f(c['p99_ms'])} ms | {_f(c['cost'], '.2f')} | "
+            f"{batches or '-'} | {moves} |")
+
+
+def table(doc: dict[str, Any]) -> str:
+    f = _f
     lines = [(f"bench e3 (live, {doc['model']}, {doc['workers']} workers, batch {doc['batch']}, "
              f"mix {doc['mix']}, SLO {doc['slo_ms']:.0f} ms, thresholds "
              f"{'adapted by the tuner' if doc.get('adapt') else 'static'}, shadow feedback "
              f"{100 * doc.get('shadow_rate', 0.0):g} %)"),
-             ("| policy | goodput (saturated) | agreement (saturated / common) | p50 / p99 "
-              "(common rate) | cost "
-             "(worker-s / 1000, common) | mean batch by stage (saturated) |"),
-             "|---|---|---|---|---|---|"]
-    for p in POLICIES:
-        s, c = doc["saturated"][p], doc["common"][p]
-        batches = ", ".join(f"{k}: {v:.1f}" for k, v in sorted(s["mean_batch_by_stage"].items()))
-        lines.append(f"| {p} | {f(s['goodput_rps'])} req/s at {f(s['rate_rps'])} | "
-                     f"{f(s['agreement'], '.4f')} / {f(c['agreement'], '.4f')} | {f(c['p50_ms'])} / {f(c['p99_ms'])} ms | "
-                     f"{f(c['cost'], '.2f')} | {batches or '-'} |")
+             ("| policy | goodput (saturated) | agreement (saturated / common) | answered "
+              "early (saturated) | p50 / p99 (common rate) | cost (worker-s / 1000, common) "
+              "| mean batch by stage (saturated) | tuner alerts + savings tunes (saturated "
+              "/ common) |"),
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [table_row(p, doc["saturated"][p], doc["common"][p]) for p in POLICIES]
     v, n, e = (doc["saturated"][p]["goodput_rps"] for p in POLICIES)
     lines.append(f"E3 / vanilla {e / v:.2f}x, E3 / naive {e / n:.2f}x (saturated goodput); "
                  f"optimizer {f(doc['optimizer_ms'], '.1f')} ms per plan; forecast MAPE ARIMA "

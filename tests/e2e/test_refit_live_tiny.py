@@ -16,7 +16,7 @@ from schemas.telemetry import RampFeatures
 from services.common import config as config_mod
 from services.exits.linear_head import LinearHead
 from services.launcher.exit_config import set_exit_config
-from services.loadgen.drive import drive
+from services.loadgen.drive import await_config, drive
 from services.runtime.manifest import Manifest
 from services.runtime.ramp_heads import load_head, save_head
 from services.store.repository import Store
@@ -29,6 +29,16 @@ STACK_ENV = {"OFFRAMP_RAMP_FEATURE_RATE": "1.0"}
 def _inputs(n: int, seed: int) -> list[dict]:
     rng = np.random.default_rng(seed)
     return [{"x": rng.standard_normal(16).astype(np.float32)} for _ in range(n)]
+
+
+async def _await_version(stack, version: int) -> None:
+    """Probe until a worker answers on ``version``: it warms a new head's sessions off the
+    loop before it swaps the config in, which on a loaded machine outlasts a short run."""
+    nc = await stack.connect("client", "e2e-refit-wait")
+    try:
+        await await_config(nc, MODEL, version, _inputs(1, 9)[0], timeout_s=60.0)
+    finally:
+        await nc.close()
 
 
 async def _serve_and_listen(stack, n: int, seed: int) -> tuple[list, list[RampFeatures]]:
@@ -75,6 +85,7 @@ def test_features_flow_and_a_refitted_head_is_served(stack, models_dir):
     with Store(cfg.database_url) as store:
         latest = store.latest_exit_config(MODEL)
     assert latest.heads == {r.index: file}
+    asyncio.run(_await_version(stack, latest.version))
     outs, _ = asyncio.run(_serve_and_listen(stack, 64, 1))
     assert all(o.ok for o in outs)
     assert max(o.config_version for o in outs) == latest.version

@@ -30,10 +30,13 @@ from typing import Any
 
 from services.bench import e3
 from services.bench.e3_inputs import say_stderr
+from services.bench.e3_live import shadow_rate_of
+from services.exits.exit_window import ExitWindow
 from services.exits.shadow import ShadowSampler
 from services.sim import compute_feedback as cf
 from services.sim import e3_policies as pol
 from services.tuner.controller import mode_controller
+from services.tuner.thresholds import evaluate
 
 SEEDS = 8
 WINDOW = 6000
@@ -43,10 +46,8 @@ MIN_REQUESTS = 30000
 
 def accuracy_options(args) -> dict[str, Any]:
     opt = e3.options(args)
-    rate = getattr(args, "shadow_rate", None)
-    rates = DEFAULT_RATES if rate is None else (float(rate),)
-    if any(not 0.0 <= r <= 1.0 for r in rates):
-        raise ValueError(f"--shadow-rate must lie in [0, 1], got {rate}")
+    rates = (DEFAULT_RATES if getattr(args, "shadow_rate", None) is None
+             else (shadow_rate_of(args),))
     return {**opt, "rates": rates, "requests": max(opt["requests"], MIN_REQUESTS)}
 
 
@@ -65,8 +66,8 @@ def row_of(setup: e3.Setup, mix: str, rate: float, n: int, seed0: int, constrain
         run = cf.replay_compute(pred, score, final, ids, stream, prof, ctrl,
                                 ShadowSampler(rate, seed=seed), id_prefix=f"s{seed}")
         runs.append(run)
-        ans, _ = cf.answers(pred[:, stream], score[:, stream], final[stream], start)
-        static.append(float((ans == final[stream]).mean()))
+        static.append(evaluate(ExitWindow(tuple(ids), pred[:, stream], score[:, stream],
+                                          final[stream]), prof, start).agreement)
         equal.append(cf.scaled_to_savings(pred, score, final, ids, stream, prof, start,
                                            float(run.savings_ms.mean()))[1])
     full = prof.full_ms

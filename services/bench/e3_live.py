@@ -92,17 +92,15 @@ def trace_inputs(manifest, n: int) -> list[dict[str, np.ndarray]]:
 
 
 def bench_config(home: Path, models_dir: Path, model: str, batch: int, slo_ms: float,
-                 adapt: bool = False, shadow_rate: float | None = None):
+                 adapt: bool, shadow_rate: float):
     from services.common import config
 
-    base = config.load()
-    return replace(base, home=home, models_dir=models_dir, models=(model,),
+    return replace(config.load(), home=home, models_dir=models_dir, models=(model,),
                    database_url=f"sqlite:///{home / 'offramp.db'}", nats_url=None,
                    max_batch=batch, default_slo_ms=slo_ms, ort_threads=1,
                    queue_limit=100_000, ramp_feature_rate=0.0,
                    profile_window_s=PROFILE_WINDOW_S, plan_interval_s=PLAN_INTERVAL_S,
-                   adapt=adapt,
-                   shadow_rate=base.shadow_rate if shadow_rate is None else shadow_rate)
+                   adapt=adapt, shadow_rate=shadow_rate)
 
 
 @contextmanager
@@ -444,7 +442,6 @@ def table_row(p: str, s: dict[str, Any], c: dict[str, Any]) -> str:
 
 
 def table(doc: dict[str, Any]) -> str:
-    f = _f
     lines = [(f"bench e3 (live, {doc['model']}, {doc['workers']} workers, batch {doc['batch']}, "
              f"mix {doc['mix']}, SLO {doc['slo_ms']:.0f} ms, thresholds "
              f"{'adapted by the tuner' if doc.get('adapt') else 'static'}, shadow feedback "
@@ -457,9 +454,9 @@ def table(doc: dict[str, Any]) -> str:
     lines += [table_row(p, doc["saturated"][p], doc["common"][p]) for p in POLICIES]
     v, n, e = (doc["saturated"][p]["goodput_rps"] for p in POLICIES)
     lines.append(f"E3 / vanilla {e / v:.2f}x, E3 / naive {e / n:.2f}x (saturated goodput); "
-                 f"optimizer {f(doc['optimizer_ms'], '.1f')} ms per plan; forecast MAPE ARIMA "
-                 f"{f(doc['forecast_mape']['arima_mape'])} % vs naive "
-                 f"{f(doc['forecast_mape']['naive_mape'])} % over "
+                 f"optimizer {_f(doc['optimizer_ms'], '.1f')} ms per plan; forecast MAPE ARIMA "
+                 f"{_f(doc['forecast_mape']['arima_mape'])} % vs naive "
+                 f"{_f(doc['forecast_mape']['naive_mape'])} % over "
                  f"{doc['forecast_mape']['windows']} windows (sampling noise alone: "
-                 f"{f(doc['forecast_mape'].get('sampling_mape'))} %)")
+                 f"{_f(doc['forecast_mape'].get('sampling_mape'))} %)")
     return "\n".join(lines)

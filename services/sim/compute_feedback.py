@@ -28,7 +28,7 @@ from services.exits.exit_window import ExitWindow
 from services.exits.latency_profile import LatencyProfile
 from services.exits.shadow import ShadowSampler
 from services.tuner.controller import ExitController
-from services.tuner.thresholds import evaluate
+from services.tuner.thresholds import Replay, evaluate
 
 BATCH = 16  # requests per served batch (the live bench's batch size)
 
@@ -52,19 +52,6 @@ class FeedbackRun:
         return float(self.agree[:n * size].reshape(n, size).mean(axis=1).min())
 
 
-def answers(pred: np.ndarray, score: np.ndarray, final: np.ndarray,
-            thresholds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Answers and exit rows of one batch under ``thresholds`` (one per ramp row; the
-    earliest ramp whose score is below its threshold answers, else the final model: -1)."""
-    ans = final.copy()
-    row = np.full(final.size, -1, dtype=np.int64)
-    for k in range(pred.shape[0]):
-        hit = (row < 0) & (score[k] < thresholds[k])
-        ans[hit] = pred[k][hit]
-        row[hit] = k
-    return ans, row
-
-
 def replay_compute(pred: np.ndarray, score: np.ndarray, final: np.ndarray,
                    ramp_ids: Sequence[int], stream: np.ndarray, profile: LatencyProfile,
                    controller: ExitController, sampler: ShadowSampler,
@@ -84,13 +71,14 @@ def replay_compute(pred: np.ndarray, score: np.ndarray, final: np.ndarray,
         deployed = dict(zip(controller.active, controller.thresholds))
         th = np.array([deployed.get(r, 0.0) for r in ids])  # not active: never exits
         p, s, f = pred[:, sl], score[:, sl], final[sl]
-        ans, row = answers(p, s, f, th)
-        out = row >= 0
+        rp = Replay(ExitWindow(ids, p, s, f), profile)
+        row = rp.exit_index(th[None])[0]          # the answering ramp; len(ids): the final
+        out = row < len(ids)
         keep = shadow[b0:b0 + sl.size]
-        agree[b0:b0 + sl.size], exited[b0:b0 + sl.size] = ans == f, out
+        agree[b0:b0 + sl.size] = rp.agree[row, np.arange(sl.size)]
+        exited[b0:b0 + sl.size] = out
         shadow_ms[b0:b0 + sl.size][keep & out] = rest[row[keep & out]]
-        savings[b0:b0 + sl.size] = evaluate(ExitWindow(ids, p, s, f), profile,
-                                            tuple(th)).savings_ms
+        savings[b0:b0 + sl.size] = rp.evaluation(th).savings_ms
         if keep.any():
             controller.observe(ExitWindow(ids, p[:, keep], s[:, keep], f[keep]))
     return FeedbackRun(agree, exited, savings, shadow, shadow_ms,

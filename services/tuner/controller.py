@@ -525,7 +525,6 @@ def _without(seg: tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray], si
     return tuple(ids[k] for k in keep), pred[keep], score[keep], final
 
 
-
 def mode_controller(profile: LatencyProfile, active: Iterable[int], thresholds: Iterable[float],
                     *, compute: bool, constraint: float = DEFAULT_CONSTRAINT,
                     budget: float = DEFAULT_BUDGET, climb: Climb | None = None) -> ExitController:

@@ -75,8 +75,6 @@ def head_version(file: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-
-
 class ModelTuner:
     """One model: its controller, the store version of the config it deployed, and its
     ramp heads (files served, refit state)."""

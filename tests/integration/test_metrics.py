@@ -113,7 +113,7 @@ def test_every_service_counts_what_it_served(stack):
                         model=MODEL) <= 1.0
     tuner = wait_for(lambda: (f := scrape(ports["tuner"])) and total(
         f, "offramp_tuner_decision_seconds", "offramp_tuner_decision_seconds_count",
-        model=MODEL) and f)
+        model=MODEL) and f, 60)  # its first telemetry comes late on a loaded machine
     assert tuner, "the tuner took in no telemetry"
     profiler = wait_for(lambda: (f := scrape(ports["profiler"])) and total(
         f, "offramp_profiles", "offramp_profiles_total", model=MODEL, result="failed") is None

@@ -85,8 +85,9 @@ def queue_view(queue: EDFQueue, now: float, service_ms: float) -> QueueView:
     head = queue.peek()
     assert head is not None, "queue_view of an empty queue"
     oldest = queue.oldest_arrival() or now
+    left_ms = (head.deadline - now) * 1e3
     return QueueView(size=len(queue), oldest_wait_ms=(now - oldest) * 1e3,
-                     min_slack_ms=(head.deadline - now) * 1e3 - service_ms)
+                     min_slack_ms=left_ms - service_ms, deadline_ms=left_ms)
 
 
 def reask_after_s(wait_ms: float) -> float:

@@ -16,12 +16,15 @@ class QueueView:
     size: int                # requests waiting
     oldest_wait_ms: float    # how long the oldest has waited
     min_slack_ms: float      # time left before the earliest deadline, minus the service estimate
+    deadline_ms: float = float("inf")  # time left before the earliest deadline (slack-driven
+    # variant policies subtract their own, per-variant, batch time)
 
 
 @dataclass(frozen=True, slots=True)
 class BatchDecision:
     batch_size: int          # 0 = wait
     wait_ms: float = 0.0     # when waiting: re-ask after this long
+    variant: str | None = None  # the subnet or depth cap the batch runs (None: the model)
 
 
 class Policy(Protocol):

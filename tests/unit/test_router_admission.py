@@ -100,7 +100,7 @@ def test_queue_view_negative_slack_when_head_cannot_make_it():
     q = EDFQueue(limit=10)
     q.push(_p(0, deadline=10.03, arrival=10.0))
     view = adm.queue_view(q, now=10.0, service_ms=50.0)
-    assert view == QueueView(1, 0.0, pytest.approx(-20.0))
+    assert view == QueueView(1, 0.0, pytest.approx(-20.0), pytest.approx(30.0))
 
 
 @pytest.mark.parametrize("wait_ms,expected_s", [(4.0, 0.004), (0.1, 0.0001), (0.0, 0.0001),

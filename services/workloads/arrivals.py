@@ -15,6 +15,15 @@ CLI strings (:func:`make_arrivals`)::
     steps:0=100,10=400,20=100   piecewise-constant Poisson rate: 100/s from t=0, 400/s
                                 from t=10 s, 100/s from t=20 s on
     sine:200:amp=0.5,period=60  Poisson with rate 200·(1 + 0.5·sin(2πt/60))
+    bursty:100:variant=300,cv2=8
+                                SuperServe's bursty trace: 100 req/s evenly spaced (CV² 0)
+                                plus 300 req/s of gamma arrivals with squared CV 8
+    accel:100:to=400,tau=50,at=10,cv2=8
+                                100 req/s until t=10 s, then a linear change at 50 req/s²
+                                to 400 req/s, which holds; gamma gaps with squared CV 8
+    maf:200:day=120,every=20,width=2,x=3,amp=0.5,cv2=1
+                                Azure-Functions-like: a diurnal swing (±50 % over a 120 s
+                                "day") with 2 s spikes at 3x every 20 s, mean 200 req/s
 """
 
 from __future__ import annotations
@@ -242,6 +251,9 @@ class ArrivalSpec:
 
 
 KINDS = {
+    "bursty": "bursty:BASE_RATE:variant=RATE,cv2=X",
+    "accel": "accel:RATE1:to=RATE2,tau=REQ_PER_S2[,at=SECONDS,cv2=X]",
+    "maf": "maf:MEAN_RATE[:day=S,every=S,width=S,x=X,amp=A,cv2=X]",
     "poisson": "poisson:RATE",
     "gamma": "gamma:RATE:cv2=X",
     "constant": "constant:RATE",
@@ -249,7 +261,11 @@ KINDS = {
     "sine": "sine:RATE:amp=A,period=SECONDS",
 }
 _OPTIONS = {"poisson": {}, "constant": {}, "gamma": {"cv2": None},
-            "sine": {"amp": 0.5, "period": 60.0}}
+            "sine": {"amp": 0.5, "period": 60.0},
+            "bursty": {"variant": None, "cv2": None},
+            "accel": {"to": None, "tau": None, "at": 0.0, "cv2": 1.0},
+            "maf": {"day": 120.0, "every": 20.0, "width": 2.0, "x": 3.0, "amp": 0.5,
+                    "cv2": 1.0}}
 
 
 def _num(text: str, what: str, spec: str) -> float:
@@ -306,6 +322,10 @@ def parse_spec(spec: str) -> ArrivalSpec:
         raise ValueError(f"arrival spec {spec!r}: cv2 must be > 0")
     if kind == "sine" and not (0 <= options["amp"] <= 1 and options["period"] > 0):
         raise ValueError(f"arrival spec {spec!r}: need 0 <= amp <= 1 and period > 0")
+    try:
+        _check_trace_options(kind, options)
+    except ValueError as exc:
+        raise ValueError(f"arrival spec {spec!r}: {exc}") from None
     return ArrivalSpec(kind, rate, options)
 
 
@@ -325,6 +345,8 @@ def make_arrivals(
         return constant(s.rate, n, duration_s)
     if s.kind == "steps":
         return time_varying(list(s.steps), n, duration_s, seed)
+    if s.kind in TRACE_KINDS:
+        return _by_count(lambda d: trace_arrivals(s, d, seed), n, duration_s, mean_rate(s))
     if s.kind == "sine":
         amp, period = s.options["amp"], s.options["period"]
         base = s.rate
@@ -351,3 +373,106 @@ def stream_arrivals(spec: str | ArrivalSpec, n: int, seed: int) -> np.ndarray:
     """The ``n`` arrival times of stream ``seed``: what ``trace record --arrivals``, the
     replay, the live bench and the demo all send, so one seed means one stream everywhere."""
     return make_arrivals(spec, n=n, seed=(seed, STREAM_SALT))
+
+
+# ------------------------------------------------- SuperServe's trace shapes (§6.1, §6.2)
+
+TRACE_KINDS = ("bursty", "accel", "maf")
+GRID_S = 1e-3   # time step of the cumulative rate a rescaled trace is mapped through
+
+
+def _check_trace_options(kind: str, o: dict[str, float]) -> None:
+    if kind == "bursty" and not (o["variant"] > 0 and o["cv2"] > 0):
+        raise ValueError("need variant > 0 and cv2 > 0")
+    if kind == "accel" and not (o["to"] > 0 and o["tau"] > 0 and o["at"] >= 0
+                                and o["cv2"] > 0):
+        raise ValueError("need to > 0, tau > 0, at >= 0 and cv2 > 0")
+    if kind == "maf" and not (o["day"] > 0 and o["every"] > 0 and 0 < o["width"] <= o["every"]
+                              and o["x"] >= 1 and 0 <= o["amp"] < 1 and o["cv2"] > 0):
+        raise ValueError("need day > 0, 0 < width <= every, x >= 1, 0 <= amp < 1, cv2 > 0")
+
+
+def bursty(base_rate: float, variant_rate: float, cv2: float, duration_s: float,
+           seed: SeedLike = 0) -> np.ndarray:
+    """SuperServe's (and InferLine's) bursty trace: a base load of ``base_rate`` evenly
+    spaced (CV² 0) merged with a variant load of ``variant_rate`` whose gaps are gamma
+    with squared CV ``cv2``; the mean rate is the sum."""
+    base = constant(base_rate, duration_s=duration_s) if base_rate > 0 else np.zeros(0)
+    return np.sort(np.concatenate([base, gamma(variant_rate, cv2, duration_s=duration_s,
+                                               seed=seed)]))
+
+
+def rescaled(rate: RateFn, cv2: float, duration_s: float, seed: SeedLike = 0) -> np.ndarray:
+    """Arrivals of a time-varying mean ``rate(t)`` whose gaps are gamma with squared CV
+    ``cv2`` at every rate: a unit-rate gamma renewal process mapped through the inverse of
+    the cumulative rate (time rescaling), so a burst has the same shape at 100 and at
+    1,000 req/s. ``cv2 = 1`` is a non-homogeneous Poisson process."""
+    grid = np.arange(0.0, duration_s + GRID_S, GRID_S)
+    r = _rates_at(rate, grid, math.inf)
+    cum = np.concatenate([[0.0], np.cumsum((r[1:] + r[:-1]) * 0.5 * GRID_S)])
+    unit = gamma(1.0, cv2, duration_s=float(cum[-1]), seed=seed)
+    times = np.interp(unit, cum, grid)
+    return times[times < duration_s]
+
+
+def accel_rate(rate1: float, rate2: float, tau: float, at_s: float) -> RateFn:
+    """``rate1`` until ``at_s``, then a linear change of ``tau`` req/s² until ``rate2``."""
+    ramp_s = abs(rate2 - rate1) / tau
+
+    def fn(t: np.ndarray) -> np.ndarray:
+        frac = np.clip((np.asarray(t) - at_s) / ramp_s, 0.0, 1.0) if ramp_s > 0 else (
+            np.asarray(t) >= at_s).astype(np.float64)
+        return rate1 + (rate2 - rate1) * frac
+    return fn
+
+
+def maf_rate(mean: float, day_s: float, every_s: float, width_s: float, spike_x: float,
+             amp: float) -> RateFn:
+    """Azure Functions' shape shrunk to minutes: a diurnal swing of ``amp`` over a
+    ``day_s`` "day" (starting at its trough), with spikes of ``spike_x`` times the base,
+    ``width_s`` long, every ``every_s``; scaled so the mean over whole spike periods of
+    the day is ``mean``."""
+    spike_share = width_s / every_s
+    norm = mean / (1.0 + spike_share * (spike_x - 1.0))
+
+    def fn(t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, dtype=np.float64)
+        diurnal = 1.0 - amp * np.cos(2.0 * np.pi * t / day_s)
+        spike = np.where(np.mod(t, every_s) >= every_s - width_s, spike_x, 1.0)
+        return norm * diurnal * spike
+    return fn
+
+
+def trace_arrivals(s: ArrivalSpec, duration_s: float, seed: SeedLike) -> np.ndarray:
+    o = s.options
+    if s.kind == "bursty":
+        return bursty(s.rate, o["variant"], o["cv2"], duration_s, seed)
+    if s.kind == "accel":
+        return rescaled(accel_rate(s.rate, o["to"], o["tau"], o["at"]), o["cv2"],
+                        duration_s, seed)
+    return rescaled(maf_rate(s.rate, o["day"], o["every"], o["width"], o["x"], o["amp"]),
+                    o["cv2"], duration_s, seed)
+
+
+def mean_rate(s: ArrivalSpec) -> float:
+    """The rate a trace spec offers on average (its final rate for ``accel``)."""
+    if s.kind == "bursty":
+        return s.rate + s.options["variant"]
+    if s.kind == "accel":
+        return min(s.rate, s.options["to"])
+    return s.rate
+
+
+def _by_count(make: Callable[[float], np.ndarray], n: int | None, duration_s: float | None,
+              rate: float) -> np.ndarray:
+    """A duration-defined trace cut at ``n`` arrivals when asked by count: generated for a
+    duration long enough, doubled until it holds ``n`` (each is a prefix of the next)."""
+    _check_count(n, duration_s)
+    if duration_s is not None:
+        return make(duration_s)
+    d = max(1.0, 1.25 * n / rate)
+    while True:
+        times = make(d)
+        if len(times) >= n:
+            return times[:n]
+        d *= 2.0

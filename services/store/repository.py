@@ -43,9 +43,10 @@ from services.store.tables import (
     TunerState,
     Worker,
 )
+from services.store.variant_profiles import VariantProfiles
 
 
-class Store(PlanHistory):
+class Store(PlanHistory, VariantProfiles):
     """The performance-history store at `url` (SQLite file or PostgreSQL).
 
     The schema must exist: run `services.store.migrate.upgrade(url)` first.

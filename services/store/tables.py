@@ -275,3 +275,22 @@ class DeploymentPlanRecord(Base):
     cost: Mapped[float] = mapped_column(Float)         # device-seconds per 1,000 answers
     plan: Mapped[dict[str, Any]] = mapped_column(Json)    # the broadcast plan message
     inputs: Mapped[dict[str, Any]] = mapped_column(Json)  # forecast, rate, SLO, inventory
+
+
+class SubnetProfile(Base):
+    """One variant a model can serve per batch (SuperServe §4.2): a supernet's subnet or an
+    early-exit model's depth cap, with its accuracy and its latency per batch size on one
+    device class. The router's variant policies decide over the ``pareto`` rows."""
+
+    __tablename__ = "subnet_profiles"
+    __table_args__ = (UniqueConstraint("model", "device", "variant"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(Name)
+    device: Mapped[str] = mapped_column(String(128))
+    variant: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    accuracy: Mapped[float] = mapped_column(Float)  # agreement with the full model
+    labelled_accuracy: Mapped[float | None] = mapped_column(Float, nullable=True)
+    latency_ms: Mapped[dict[str, Any]] = mapped_column(Json)  # {"batch": ms}; {} off-frontier
+    pareto: Mapped[bool] = mapped_column(Boolean)
+    source: Mapped[str] = mapped_column(String(64))  # "search" (supernet), "depth-cap"

@@ -29,6 +29,7 @@ TABLES = {
     "ramp_heads",
     "batch_profiles",
     "deployment_plans",
+    "subnet_profiles",
 }
 
 
@@ -46,7 +47,7 @@ def test_upgrade_creates_tables_and_indexes(url: str) -> None:
     assert migrate.current(url) is None
     migrate.upgrade(url)
     assert _tables(url) == TABLES
-    assert migrate.current(url) == migrate.head() == "0006_e3_plans"
+    assert migrate.current(url) == migrate.head() == "0007_subnet_profiles"
     engine = make_engine(url)
     try:
         insp = inspect(engine)

@@ -70,7 +70,7 @@ class SlackFitTable:
 
 def slackfit_table(variants: Sequence[VariantProfile], max_batch: int,
                    buckets: int = DEFAULT_BUCKETS) -> SlackFitTable:
-    variants = pareto(_check(variants, max_batch))
+    variants = pareto(_check(variants, max_batch), max_batch)
     if buckets < 1:
         raise ValueError(f"buckets must be >= 1, got {buckets}")
     lo = min(v.latency(1) for v in variants)
@@ -124,7 +124,7 @@ class MaxBatch:
     name: str = "maxbatch"
 
     def __post_init__(self) -> None:
-        self.variants = sorted(pareto(_check(self.variants, self.max_batch)),
+        self.variants = sorted(pareto(_check(self.variants, self.max_batch), self.max_batch),
                                key=lambda v: v.accuracy)
 
     def choose(self, theta_ms: float) -> Choice:
@@ -148,7 +148,7 @@ class MaxAcc:
     name: str = "maxacc"
 
     def __post_init__(self) -> None:
-        self.variants = sorted(pareto(_check(self.variants, self.max_batch)),
+        self.variants = sorted(pareto(_check(self.variants, self.max_batch), self.max_batch),
                                key=lambda v: v.accuracy)
 
     def choose(self, theta_ms: float) -> Choice:

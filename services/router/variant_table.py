@@ -3,8 +3,10 @@ model offers (a supernet's subnet, or an early-exit model's depth cap), its accu
 its latency per batch size on one device class.
 
 Latency is measured at a few batch sizes and interpolated linearly in between (batch time
-is close to affine in the batch on one device). ``pareto`` keeps the variants no other
-variant beats on both accuracy and latency, the set SlackFit decides over.
+is close to affine in the batch on one device); a larger batch never runs faster than a
+smaller one: a measured dip is noise and is read as flat. ``pareto`` keeps the variants no
+other variant beats on accuracy at no more latency at any batch size, the set SlackFit
+decides over.
 
 Pure: numpy only, no I/O.
 """
@@ -38,27 +40,45 @@ class VariantProfile:
     def max_batch(self) -> int:
         return self.batches[-1]
 
+    @property
+    def rising(self) -> np.ndarray:
+        """The measured latencies, each at least the one before (dips read as flat)."""
+        return np.maximum.accumulate(np.asarray(self.latency_ms, dtype=np.float64))
+
     def latency(self, batch: int) -> float:
         """Batch time at ``batch`` (interpolated; the largest measured size's time per
         sample, times ``batch``, beyond it)."""
+        rising = self.rising
         if batch > self.batches[-1]:
-            return self.latency_ms[-1] * batch / self.batches[-1]
-        return float(np.interp(batch, self.batches, self.latency_ms))
+            return float(rising[-1] * batch / self.batches[-1])
+        return float(np.interp(batch, self.batches, rising))
 
     def curve(self, max_batch: int) -> np.ndarray:
         """Latency at batch sizes 1..max_batch (index b-1)."""
         return np.array([self.latency(b) for b in range(1, max_batch + 1)])
 
 
-def pareto(variants: Iterable[VariantProfile], batch: int = 1) -> list[VariantProfile]:
-    """The variants on the accuracy/latency frontier at ``batch``, fastest first: each is
-    strictly more accurate than every faster one (a slower variant that is no more
-    accurate than a faster one is never worth serving)."""
-    best: list[VariantProfile] = []
-    for v in sorted(variants, key=lambda v: (v.latency(batch), -v.accuracy)):
-        if not best or v.accuracy > best[-1].accuracy:
-            best.append(v)
-    return best
+def dominates(a: VariantProfile, b: VariantProfile, max_batch: int) -> bool:
+    """``a`` is at least as accurate as ``b`` and no slower at any batch up to
+    ``max_batch``, and better on one of the two somewhere."""
+    ca, cb = a.curve(max_batch), b.curve(max_batch)
+    return (a.accuracy >= b.accuracy and bool(np.all(ca <= cb))
+            and (a.accuracy > b.accuracy or bool(np.any(ca < cb))))
+
+
+def pareto(variants: Iterable[VariantProfile], max_batch: int = 16) -> list[VariantProfile]:
+    """The variants no other dominates (see ``dominates``), fastest at batch 1 first: a
+    variant another beats on accuracy at no more latency at every batch is never worth
+    serving. Of identical profiles the first is kept."""
+    vs = list(variants)
+    keep = [v for i, v in enumerate(vs)
+            if not any(dominates(w, v, max_batch) or (j < i and _same(w, v, max_batch))
+                       for j, w in enumerate(vs) if j != i)]
+    return sorted(keep, key=lambda v: (v.latency(1), -v.accuracy))
+
+
+def _same(a: VariantProfile, b: VariantProfile, max_batch: int) -> bool:
+    return a.accuracy == b.accuracy and bool(np.all(a.curve(max_batch) == b.curve(max_batch)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ POLICY_MODULES = {
     "services.router.workers",
     "services.sim.e3_policies",
     "services.sim.e3_sim",
+    "services.sim.variant_sim",
     "services.supernet.subnet",
     "services.tuner.controller",
     "services.tuner.evidence_adjust",

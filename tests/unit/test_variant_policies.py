@@ -109,3 +109,14 @@ def test_edf_packing_takes_the_most_urgent_requests():
     d = SlackFit([SMALL, LARGE], max_batch=16, buckets=4).decide(view(4.0, size=len(q)))
     assert (d.batch_size, d.variant) == (3, "small")   # theta 4 ms: small x 3
     assert [p.id for p in q.pop(d.batch_size)] == ["r3", "r1", "r4"]
+
+
+def test_measured_dips_read_flat_and_pareto_compares_whole_curves():
+    dip = VariantProfile("dip", 0.8, (1, 2, 4), (5.0, 4.0, 6.0))
+    assert [dip.latency(b) for b in (1, 2, 3, 4)] == [5.0, 5.0, 5.5, 6.0]
+    # faster at batch 1 but slower at batch 16 than LARGE, and less accurate: both stay
+    early = VariantProfile("early", 0.78, (1, 16), (4.0, 60.0))
+    assert [v.key for v in pareto([LARGE, early])] == ["early", "large"]
+    # as accurate as LARGE and no faster anywhere: dominated
+    slow = VariantProfile("slow", 0.80, (1, 16), (5.0, 55.0))
+    assert [v.key for v in pareto([slow, LARGE])] == ["large"]

@@ -1,4 +1,4 @@
-"""``offramp bench overhead|apparate|chaos|e3``: measurements that print a table and write JSON."""
+"""``offramp bench overhead|apparate|chaos|e3|superserve``: measurements that print a table and write JSON."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON")
-    bench.add_argument("which", choices=["overhead", "apparate", "chaos", "e3"])
+    bench.add_argument("which", choices=["overhead", "apparate", "chaos", "e3", "superserve"])
     bench.add_argument("--json", required=True, help="output file")
     bench.add_argument("--model", help="default efficientnet-lite0 (chaos: tiny, e3: chain-cnn)")
     bench.add_argument("--trivial-model", default="tiny")
@@ -63,6 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--keep-state", action="store_true",
                        help="chaos: keep the private stack's state folder (logs, store)")
     e3_arguments(bench)
+    bench.add_argument("--profile", metavar="FILE",
+                       help="superserve: a measured variant profile (the subnets.json "
+                       "`offramp prepare supernet-cnn` writes) beside the modeled A40 class")
     bench.set_defaults(fn=run)
 
 
@@ -75,9 +78,11 @@ def e3_arguments(bench: argparse.ArgumentParser) -> None:
                        help="e3: replay compute mode's accuracy loop (the tuner on the shadow "
                        "sample) over seeds, mixes and shadow rates")
     bench.add_argument("--workers", type=int, metavar="N",
-                       help="e3 live: worker processes per policy (default 2)")
+                       help="e3 live: worker processes per policy (default 2); "
+                       "superserve --sim: workers (default 8)")
     bench.add_argument("--seconds", type=float, metavar="S",
-                       help="e3 live: measured seconds per phase (default 40)")
+                       help="e3 live: measured seconds per phase (default 40); "
+                       "superserve --sim: seconds per trace (default 30)")
     bench.add_argument("--adapt", action="store_true",
                        help="e3 live: the tuner adapts the compute-mode runs' thresholds")
     bench.add_argument("--shadow-rate", type=float, metavar="R",
@@ -110,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
     if args.which == "e3":
         from services.bench.e3 import run_e3
         return run_e3(args)
+    if args.which == "superserve":
+        from services.bench.superserve import run_superserve
+        return run_superserve(args)
     args.model = args.model or "efficientnet-lite0"
     if args.which == "overhead":
         from services.bench.overhead import run_overhead

@@ -49,8 +49,7 @@ def _check(variants: Sequence[VariantProfile], max_batch: int) -> list[VariantPr
 
 def _largest_fit(v: VariantProfile, max_batch: int, theta: float) -> int:
     """Largest batch of ``v`` whose time is within ``theta`` (0 when not even batch 1)."""
-    curve = v.curve(max_batch)
-    return int(np.searchsorted(curve, theta, side="right"))  # curves rise with the batch
+    return bisect.bisect_right(v.latencies(max_batch), theta)  # curves rise with the batch
 
 
 def _decide(choice: Choice, view: QueueView) -> BatchDecision:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -40,22 +41,39 @@ class VariantProfile:
     def max_batch(self) -> int:
         return self.batches[-1]
 
-    @property
+    @cached_property
     def rising(self) -> np.ndarray:
         """The measured latencies, each at least the one before (dips read as flat)."""
         return np.maximum.accumulate(np.asarray(self.latency_ms, dtype=np.float64))
 
+    @cached_property
+    def _per_batch(self) -> list[float]:
+        """Latency at batch 0..largest measured (index b; 0 is unused), computed once: the
+        router asks for it on every decision."""
+        sizes = np.arange(0, self.batches[-1] + 1)
+        return [float(x) for x in np.interp(sizes, self.batches, self.rising)]
+
     def latency(self, batch: int) -> float:
         """Batch time at ``batch`` (interpolated; the largest measured size's time per
         sample, times ``batch``, beyond it)."""
-        rising = self.rising
         if batch > self.batches[-1]:
-            return float(rising[-1] * batch / self.batches[-1])
-        return float(np.interp(batch, self.batches, rising))
+            return float(self.rising[-1] * batch / self.batches[-1])
+        return self._per_batch[max(1, batch)]
+
+    @cached_property
+    def _curves(self) -> dict[int, list[float]]:
+        return {}
+
+    def latencies(self, max_batch: int) -> list[float]:
+        """Latency at batch sizes 1..max_batch (index b-1), computed once per size."""
+        c = self._curves.get(max_batch)
+        if c is None:
+            c = self._curves[max_batch] = [self.latency(b) for b in range(1, max_batch + 1)]
+        return c
 
     def curve(self, max_batch: int) -> np.ndarray:
-        """Latency at batch sizes 1..max_batch (index b-1)."""
-        return np.array([self.latency(b) for b in range(1, max_batch + 1)])
+        """``latencies`` as an array."""
+        return np.array(self.latencies(max_batch))
 
 
 def dominates(a: VariantProfile, b: VariantProfile, max_batch: int) -> bool:

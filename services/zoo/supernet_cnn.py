@@ -25,7 +25,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -86,9 +86,9 @@ def train(recipe: Recipe = RECIPE, teacher: torch.nn.Module | None = None,
         net = ConvSupernet(recipe.arch).train()
         opt = Adam(list(net.parameters()), chain_cnn.one_cycle(recipe.lr, recipe.steps),
                    weight_decay=recipe.weight_decay)
-        data = chain_cnn.bootstrap(recipe.steps * recipe.batch, recipe.seed)
-        for step in range(recipe.steps):
-            inputs, cells = _batch(data, recipe.batch)
+        data = _batches(chain_cnn.bootstrap(recipe.steps * recipe.batch, recipe.seed),
+                        recipe.batch)
+        for step, (inputs, cells) in enumerate(data):
             x = torch.from_numpy(inputs)
             y = torch.from_numpy(labels[cells])
             with torch.no_grad():
@@ -108,15 +108,18 @@ def train(recipe: Recipe = RECIPE, teacher: torch.nn.Module | None = None,
     return net.eval()
 
 
-def _batch(data, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """``size`` crops from the bootstrap generator's chunks."""
-    xs, cs, got = [], [], 0
-    while got < size:
-        inputs, cells = next(data)
+def _batches(chunks, size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The bootstrap generator's (images, cell ids) chunks re-cut into batches of
+    ``size``; a last partial batch is dropped."""
+    xs: list[np.ndarray] = []
+    cs: list[np.ndarray] = []
+    for inputs, cells in chunks:
         xs.append(inputs["image"])
         cs.append(cells)
-        got += len(cells)
-    return np.concatenate(xs)[:size], np.concatenate(cs)[:size]
+        while sum(len(c) for c in cs) >= size:
+            x, c = np.concatenate(xs), np.concatenate(cs)
+            yield x[:size], c[:size]
+            xs, cs = [x[size:]], [c[size:]]
 
 
 def cache_path(cache_dir: Path | None = None, recipe: Recipe = RECIPE) -> Path:

@@ -1,0 +1,249 @@
+"""``offramp bench superserve --sim``: SlackFit against fixed-variant serving on bursty,
+accelerating and MAF-like traces, replayed (SuperServe §6).
+
+    offramp bench superserve --sim --json OUT [--workers 8] [--seconds 30] [--seed 0]
+        [--profile FILE] [--slo-ms MS] [--plot OUT.svg]
+
+A replay simulation (``services.sim.variant_sim``), not a live run: the router's own
+variant policies decide, and each batch takes its variant's profiled time.
+
+Variant tables (device classes):
+- ``a40-modeled``: the six OFA-ResNet50 subnets of ``../shared/data`` with their published
+  A40 forward times and ImageNet top-1. **Modeled**: measured elsewhere.
+- ``--profile FILE``: a profile this machine measured, e.g. the ``subnets.json`` that
+  ``offramp prepare supernet-cnn`` writes (its frontier), labelled with its device class.
+
+Traces, scaled to each class: ``K`` is what ``--workers`` workers serve with the most
+accurate variant at the largest batch, per second.
+- bursty: base 25 % evenly spaced + 75 % gamma arrivals, mean 0.7, 1.0 and 1.3 x K, CV²
+  2, 4 and 8 (SuperServe fig. 9);
+- accel: 0.5 K -> 1.3 K from t = 5 s at 0.04, 0.08 and 0.8 x K per second (fig. 10), CV² 8;
+- maf: 0.9 K mean, diurnal over the run, 2 s spikes at 3x every 10 s;
+- faults: bursty 0.9 K, CV² 2, one worker lost every 12 s down to half (fig. 11a).
+
+Policies: SlackFit, MaxAcc, MaxBatch, INFaaS-like (the cheapest variant: no accuracy floor,
+as §6.1 runs it) and Clipper+ at six variants evenly spread over the frontier's accuracy.
+SLO: ``--slo-ms``, else 1.8 x the slowest variant's batch time at the largest batch (36 ms
+on the A40 class, the paper's SLO). Metrics as §6.1: SLO attainment over all requests,
+mean serving accuracy over those that attained it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from services.bench.e3_inputs import GPU_CURVES
+from services.bench.report import machine
+from services.router.policy import QueueView
+from services.router.variant_policies import (
+    FixedVariant,
+    MaxAcc,
+    MaxBatch,
+    SlackFit,
+    infaas_like,
+)
+from services.router.variant_table import VariantProfile, pareto
+from services.sim.variant_sim import simulate, timeline
+from services.workloads import arrivals as arr
+
+MAX_BATCH = 16
+SLO_FACTOR = 1.8
+CLIPPER_POINTS = 6
+LOADS = (0.7, 1.0, 1.3)
+CV2S = (2.0, 4.0, 8.0)
+ACCELS = (0.04, 0.08, 0.8)
+BASE_SHARE = 0.25
+
+
+def a40_variants(path: Path = GPU_CURVES) -> list[VariantProfile]:
+    """The published A40 subnets (modeled): top-1 as accuracy, forward time per batch."""
+    doc = json.loads(path.read_text())
+    out = []
+    for s in doc["subnets"]:
+        batches = sorted(int(b) for b in s["forward_ms"])
+        out.append(VariantProfile(f"ofa-subnet{s['id']}", s["imagenet_top1"] / 100.0,
+                                  tuple(batches),
+                                  tuple(float(s["forward_ms"][str(b)]) for b in batches)))
+    return out
+
+
+def file_variants(path: Path) -> tuple[str, list[VariantProfile]]:
+    """(device class, frontier variants) of a measured profile: ``{"device": ..., "subnets":
+    [{"subnet", "agreement", "latency_ms": {batch: ms}, "pareto"}, ...]}``."""
+    doc = json.loads(path.read_text())
+    rows = [r for r in doc["subnets"] if r.get("pareto") and r.get("latency_ms")]
+    if not rows:
+        raise ValueError(f"{path}: no frontier subnet with a latency profile")
+    out = []
+    for r in rows:
+        batches = sorted(int(b) for b in r["latency_ms"])
+        out.append(VariantProfile(r["subnet"], float(r["agreement"]), tuple(batches),
+                                  tuple(float(r["latency_ms"][str(b)]) for b in batches)))
+    return str(doc.get("device", "measured")), out
+
+
+def capacity(variants: list[VariantProfile], workers: int) -> float:
+    best = max(variants, key=lambda v: v.accuracy)
+    return workers * MAX_BATCH / (best.latency(MAX_BATCH) / 1e3)
+
+
+def traces(k: float, seconds: float) -> dict[str, tuple[str, bool]]:
+    """name -> (arrival spec, whether workers fail during it); ``k`` in req/s."""
+    out: dict[str, tuple[str, bool]] = {}
+    for load in LOADS:
+        for cv2 in CV2S:
+            total = load * k
+            out[f"bursty {load:g}K cv2={cv2:g}"] = (bursty_spec(total, cv2), False)
+    for a in ACCELS:
+        out[f"accel 0.5K->1.3K tau={a:g}K/s"] = (
+            f"accel:{0.5 * k:.6g}:to={1.3 * k:.6g},tau={a * k:.6g},at=5,cv2=8", False)
+    out["maf 0.9K"] = (f"maf:{0.9 * k:.6g}:day={seconds:g},every=10,width=2,x=3,amp=0.5",
+                       False)
+    out["faults bursty 0.9K cv2=2"] = (bursty_spec(0.9 * k, 2.0), True)
+    return out
+
+
+def bursty_spec(total: float, cv2: float) -> str:
+    """``total`` req/s: ``BASE_SHARE`` evenly spaced, the rest gamma with squared CV ``cv2``."""
+    base, variant = BASE_SHARE * total, (1 - BASE_SHARE) * total
+    return f"bursty:{base:.6g}:variant={variant:.6g},cv2={cv2:g}"
+
+
+def policies(variants: list[VariantProfile]) -> dict[str, Any]:
+    front = sorted(pareto(variants, MAX_BATCH), key=lambda v: v.accuracy)
+    picks = sorted({round(i * (len(front) - 1) / (CLIPPER_POINTS - 1))
+                    for i in range(CLIPPER_POINTS)}) if len(front) > 1 else [0]
+    out: dict[str, Any] = {"slackfit": SlackFit(variants, MAX_BATCH),
+                           "maxacc": MaxAcc(variants, MAX_BATCH),
+                           "maxbatch": MaxBatch(variants, MAX_BATCH),
+                           "infaas": infaas_like(variants, None, MAX_BATCH)}
+    for i in picks:
+        v = front[i]
+        out[f"clipper+ {v.accuracy * 100:.2f}"] = FixedVariant(variants, v.key, MAX_BATCH)
+    return out
+
+
+def fault_schedule(workers: int, seconds: float) -> list[tuple[float, int]]:
+    """One worker lost every 12 s, down to half of them."""
+    return [(12.0 * (i + 1), workers - i - 1) for i in range(workers // 2)
+            if 12.0 * (i + 1) < seconds]
+
+
+def decision_us(policy, rng: np.random.Generator, n: int = 20000) -> dict[str, float]:
+    """Per-call time of ``decide`` over random queue views (median, p99), in µs."""
+    thetas = rng.uniform(0.0, 200.0, n)
+    times = np.empty(n)
+    for i, th in enumerate(thetas):
+        view = QueueView(64, 0.0, th, th)
+        t0 = time.perf_counter_ns()
+        policy.decide(view)
+        times[i] = (time.perf_counter_ns() - t0) / 1e3
+    return {"p50": float(np.median(times)), "p99": float(np.percentile(times, 99))}
+
+
+def run_class(name: str, variants: list[VariantProfile], opt: dict[str, Any],
+              say) -> dict[str, Any]:
+    table = {v.key: v for v in variants}
+    slo = opt["slo_ms"] or SLO_FACTOR * max(v.latency(MAX_BATCH) for v in variants)
+    k = capacity(variants, opt["workers"])
+    pols = policies(variants)
+    results: dict[str, dict[str, Any]] = {p: {} for p in pols}
+    timelines: dict[str, Any] = {}
+    for tname, (spec, failing) in traces(k, opt["seconds"]).items():
+        faults = fault_schedule(opt["workers"], opt["seconds"]) if failing else []
+        times = arr.make_arrivals(spec, duration_s=opt["seconds"], seed=opt["seed"])
+        for pname, pol in pols.items():
+            log = simulate(pol, table, times, slo, opt["workers"], faults)
+            results[pname][tname] = {"attainment": log.attainment,
+                                     "accuracy": log.mean_accuracy,
+                                     "mean_batch": float(log.batch_size.mean())}
+            if pname == "slackfit":
+                timelines[tname] = timeline(log, 1.0)
+        say(f"{name}: {tname}: {len(times)} requests, slackfit "
+            f"{results['slackfit'][tname]['attainment']:.5f}")
+    rng = np.random.default_rng(opt["seed"])
+    return {"device_class": name, "modeled": name.endswith("modeled"), "slo_ms": slo,
+            "capacity_rps": k, "workers": opt["workers"], "seconds": opt["seconds"],
+            "variants": [{"variant": v.key, "accuracy": v.accuracy,
+                          "latency_ms": {b: v.latency(b) for b in (1, 4, 8, 16)}}
+                         for v in variants],
+            "traces": {t: s for t, (s, _) in traces(k, opt["seconds"]).items()},
+            "results": results, "slackfit_timeline": timelines,
+            "decision_us": {p: decision_us(pol, rng) for p, pol in pols.items()},
+            "checks": checks(results)}
+
+
+def checks(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per bursty trace where the most accurate Clipper+ attains < 0.99: SlackFit's
+    attainment, and its accuracy gain over the best fixed variant reaching at least its
+    attainment and over INFaaS-like (None: no fixed variant reached it)."""
+    clippers = {p: r for p, r in results.items() if p.startswith("clipper+")}
+    top = max(clippers, key=lambda p: float(p.split()[1]))
+    out = {}
+    for t in results["slackfit"]:
+        if not t.startswith("bursty") or clippers[top][t]["attainment"] >= 0.99:
+            continue
+        sf = results["slackfit"][t]
+        reach = [r[t]["accuracy"] for r in clippers.values()
+                 if r[t]["attainment"] >= sf["attainment"] and r[t]["accuracy"] is not None]
+        inf = results["infaas"][t]
+        out[t] = {"slackfit_attainment": sf["attainment"],
+                  "gain_vs_best_fixed_points": (None if not reach else
+                                                100 * (sf["accuracy"] - max(reach))),
+                  "gain_vs_infaas_points": (None if inf["accuracy"] is None else
+                                            100 * (sf["accuracy"] - inf["accuracy"])),
+                  "infaas_attainment": inf["attainment"]}
+    return out
+
+
+def report(doc: dict[str, Any]) -> str:
+    lines = []
+    for c in doc["classes"]:
+        pols = list(c["results"])
+        lines.append(f"\n{c['device_class']} ({'modeled' if c['modeled'] else 'measured'}), "
+                     f"{c['workers']} workers, SLO {c['slo_ms']:.1f} ms, K = "
+                     f"{c['capacity_rps']:.0f} req/s; attainment / mean accuracy %")
+        lines.append("| trace | " + " | ".join(pols) + " |")
+        lines.append("|---" * (len(pols) + 1) + "|")
+        for t in c["traces"]:
+            cells = []
+            for p in pols:
+                r = c["results"][p][t]
+                acc = "-" if r["accuracy"] is None else f"{100 * r['accuracy']:.2f}"
+                cells.append(f"{r['attainment']:.4f} / {acc}")
+            lines.append(f"| {t} | " + " | ".join(cells) + " |")
+        p99 = ", ".join(f"{p} {v['p99']:.1f}" for p, v in c["decision_us"].items())
+        lines.append(f"decision time p99 (us): {p99}")
+    return "\n".join(lines)
+
+
+def run_superserve(args) -> int:
+    if not getattr(args, "sim", False):
+        print("error: offramp bench superserve runs in replay simulation only so far (--sim); "
+              "live serving of variants is not built yet", file=sys.stderr)
+        return 2
+    opt = {"workers": args.workers or 8, "seconds": args.seconds or 30.0,
+           "seed": args.seed, "slo_ms": args.slo_ms}
+
+    def say(m: str) -> None:
+        print(m, file=sys.stderr, flush=True)
+
+    classes = [("a40-modeled", a40_variants())]
+    if getattr(args, "profile", None):
+        classes.append(file_variants(Path(args.profile)))
+    doc: dict[str, Any] = {"mode": "replay simulation", "machine": machine(), "options": opt,
+                           "classes": [run_class(n, v, opt, say) for n, v in classes]}
+    head = doc["classes"][0]
+    doc |= {p: {t: {k: r[k] for k in ("attainment", "accuracy")} for t, r in per.items()}
+            for p, per in head["results"].items()}
+    doc["decision_us_p99"] = max(v["p99"] for v in head["decision_us"].values())
+    doc["actuation_ms"] = None   # measured by the live half, on a served supernet
+    Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    print(report(doc))
+    return 0

@@ -99,11 +99,26 @@ def decode_infer_request(msg: dict[str, Any], subject_model: str) -> InferReques
 
 
 def encode_reply(rid: str, model: str, outputs: dict[str, np.ndarray], label: int, score: float,
-                 exit_index: int, early: bool, latency_ms: float, config_version: int) -> bytes:
-    return pack({"v": SCHEMA_VERSION, "id": rid, "model": model, "outputs": outputs,
-                 "label": int(label), "score": float(score), "exit": int(exit_index),
-                 "early": bool(early), "latency_ms": float(latency_ms),
-                 "config_version": int(config_version)})
+                 exit_index: int, early: bool, latency_ms: float, config_version: int,
+                 variant: str | None = None) -> bytes:
+    msg = {"v": SCHEMA_VERSION, "id": rid, "model": model, "outputs": outputs,
+           "label": int(label), "score": float(score), "exit": int(exit_index),
+           "early": bool(early), "latency_ms": float(latency_ms),
+           "config_version": int(config_version)}
+    if variant is not None:
+        msg["variant"] = str(variant)
+    return pack(msg)
+
+
+def variant_of(msg: dict[str, Any], what: str) -> str | None:
+    """A message's optional ``variant``: absent or nil is None, else a non-empty string."""
+    v = msg.get("variant")
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v or len(v) > 200:
+        raise _bad(f"{what}: field 'variant' must be a non-empty string of at most 200 "
+                   f"characters, got {v!r:.80}")
+    return v
 
 
 def encode_error(rid: str | None, code: str, message: str, **extra: Any) -> bytes:
@@ -140,6 +155,7 @@ class Batch:
     # compute mode: every row was answered already and runs on only as feedback (shadow
     # work, served after real work)
     shadow: bool = False
+    variant: str | None = None  # the subnet or depth cap the router chose (None: the model)
 
     def encode(self) -> bytes:
         return pack({"v": SCHEMA_VERSION, "batch_id": self.batch_id, "model": self.model,
@@ -148,7 +164,8 @@ class Batch:
                      "ramp_ids": self.ramp_ids, "ramp_pred": self.ramp_pred,
                      "ramp_score": self.ramp_score, "exit_at": self.exit_at,
                      "stage_ms": self.stage_ms, "carry": self.carry, "replies": self.replies,
-                     "ages_ms": self.ages_ms, "slos_ms": self.slos_ms, "shadow": self.shadow})
+                     "ages_ms": self.ages_ms, "slos_ms": self.slos_ms, "shadow": self.shadow,
+                     "variant": self.variant})
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> Batch:
@@ -163,7 +180,7 @@ class Batch:
                        replies=list(msg.get("replies") or []),
                        ages_ms=[float(a) for a in msg.get("ages_ms") or []],
                        slos_ms=[float(a) for a in msg.get("slos_ms") or []],
-                       shadow=bool(msg.get("shadow")))
+                       shadow=bool(msg.get("shadow")), variant=variant_of(msg, "batch"))
         except (KeyError, TypeError, ValueError) as exc:
             raise _bad(f"malformed batch: {exc!r}") from None
 
@@ -189,13 +206,15 @@ class Results:
     release: bool = False
     error: dict[str, str] | None = None
     direct: bool = False  # the worker already replied to these clients: record, don't reply
+    variant: str | None = None  # the batch's variant, as the worker ran it
 
     def encode(self) -> bytes:
         return pack({"v": SCHEMA_VERSION, "batch_id": self.batch_id, "worker": self.worker,
                      "stage": self.stage, "ids": self.ids, "labels": self.labels,
                      "scores": self.scores, "exits": self.exits, "logits": self.logits,
                      "early": self.early, "config_version": self.config_version,
-                     "release": self.release, "error": self.error, "direct": self.direct})
+                     "release": self.release, "error": self.error, "direct": self.direct,
+                     "variant": self.variant})
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> Results:
@@ -205,7 +224,7 @@ class Results:
                        exits=msg["exits"], logits=msg.get("logits"), early=bool(msg["early"]),
                        config_version=int(msg["config_version"]),
                        release=bool(msg.get("release")), error=msg.get("error"),
-                       direct=bool(msg.get("direct")))
+                       direct=bool(msg.get("direct")), variant=variant_of(msg, "results"))
         except (KeyError, TypeError, ValueError) as exc:
             raise _bad(f"malformed results: {exc!r}") from None
 

@@ -149,6 +149,7 @@ class RequestRecord:
     early: bool | None = None
     label: int | None = None
     config_version: int | None = None
+    variant: str | None = None  # the subnet or depth cap that answered (None: the model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +168,8 @@ class RequestTelemetry:
                                   "early": None if r.early is None else bool(r.early),
                                   "label": None if r.label is None else int(r.label),
                                   "config_version": (None if r.config_version is None
-                                                     else int(r.config_version))}
+                                                     else int(r.config_version)),
+                                  **({} if r.variant is None else {"variant": str(r.variant)})}
                                  for r in self.records]})
 
     @classmethod
@@ -187,11 +189,12 @@ def _exact_record(rec: dict) -> RequestRecord | None:
     A monitor decodes one per request served: this path skips the per-field checks."""
     t, latency, status = rec.get("t"), rec.get("latency_ms"), rec.get("status")
     rid, exit_, early = rec.get("id"), rec.get("exit"), rec.get("early")
-    label, version = rec.get("label"), rec.get("config_version")
+    label, version, variant = rec.get("label"), rec.get("config_version"), rec.get("variant")
     if (type(t) is float and type(latency) is float and type(status) is str
             and _optional(rid, str) and _optional(exit_, int) and _optional(early, bool)
-            and _optional(label, int) and _optional(version, int)):
-        return RequestRecord(rid, t, latency, status, exit_, early, label, version)
+            and _optional(label, int) and _optional(version, int)
+            and _optional(variant, str)):
+        return RequestRecord(rid, t, latency, status, exit_, early, label, version, variant)
     return None
 
 
@@ -201,4 +204,5 @@ def _checked_record(rec: dict, i: int) -> RequestRecord:
     return RequestRecord(
         id=r.text("id", None), t=r.number("t"), latency_ms=r.number("latency_ms"),
         status=r.text("status"), exit=r.integer("exit", None), early=r.flag("early", None),
-        label=r.integer("label", None), config_version=r.integer("config_version", None))
+        label=r.integer("label", None), config_version=r.integer("config_version", None),
+        variant=r.text("variant", None))

@@ -70,7 +70,8 @@ class Monitor:
     async def _store_requests(self, msg: Msg, telemetry: RequestTelemetry, key: str) -> None:
         rows = [{"request_id": r.id or "", "model": telemetry.model, "received_at": utc_datetime(r.t),
                  "latency_ms": r.latency_ms, "status": r.status, "exit": r.exit,
-                 "early": r.early, "label": r.label, "config_version": r.config_version}
+                 "early": r.early, "label": r.label, "config_version": r.config_version,
+                 "variant": r.variant}
                 for r in telemetry.records]
         await asyncio.to_thread(self.store.add_requests, rows, f"req:{key}")
         self.requests_stored += len(rows)

@@ -47,6 +47,7 @@ def request_row(r: dict[str, Any]) -> dict[str, Any]:
         "early": opt(bool, r.get("early")),
         "label": opt(int, r.get("label")),
         "config_version": opt(int, r.get("config_version")),
+        "variant": opt(str, r.get("variant")),
     }
 
 

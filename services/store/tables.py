@@ -140,6 +140,7 @@ class Request(Base):
     early: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     label: Mapped[int | None] = mapped_column(Integer, nullable=True)
     config_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    variant: Mapped[str | None] = mapped_column(String(200), nullable=True)  # subnet, depth cap
 
 
 class Worker(Base):

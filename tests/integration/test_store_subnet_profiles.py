@@ -43,3 +43,18 @@ def test_frontier_in_one_query(store: Store) -> None:
             "SELECT variant, accuracy FROM subnet_profiles WHERE model = 'sn' AND pareto "
             "ORDER BY accuracy")).all()
     assert [tuple(r) for r in got] == [("D=1,1;W=0.25,0.25", 0.8), ("D=2,2;W=1,1", 1.0)]
+
+
+def test_requests_keep_the_variant_that_served_them(store: Store) -> None:
+    from services.store.db import utcnow
+    now = utcnow()
+    store.add_requests([
+        {"request_id": "a", "model": "sn", "received_at": now, "latency_ms": 3.0,
+         "status": "ok", "exit": -1, "early": False, "label": 1, "config_version": 0,
+         "variant": "D=1,1;W=0.25,0.25"},
+        {"request_id": "b", "model": "sn", "received_at": now, "latency_ms": 4.0,
+         "status": "ok", "exit": -1, "early": False, "label": 2, "config_version": 0}])
+    with store.engine.connect() as conn:
+        got = conn.execute(text("SELECT request_id, variant FROM requests WHERE model = 'sn' "
+                                "ORDER BY request_id")).all()
+    assert [tuple(r) for r in got] == [("a", "D=1,1;W=0.25,0.25"), ("b", None)]

@@ -319,8 +319,12 @@ def test_success_reply_fields_and_types() -> None:
     # Floats go out as float64 (0xcb); the same bytes decode with the package's codec.
     assert b"\xa5score\xcb" in data and b"\xaalatency_ms\xcb" in data
     assert set(decode_map(data)) == set(reply)
-    # Documented field names match.
-    assert table_fields(readme_section("Success reply")) == set(reply)
+    # Documented field names match (``variant`` only for models served by variant).
+    assert table_fields(readme_section("Success reply")) == set(reply) | {"variant"}
+    with_variant = client_decode(encode_reply("r", "sn", {"logits": logits}, 1, 0.5, -1, False,
+                                              2.0, 0, variant="D=1,1;W=1,0.5"))
+    assert with_variant["variant"] == "D=1,1;W=1,0.5"
+    assert set(with_variant) == table_fields(readme_section("Success reply"))
 
 
 def test_early_reply() -> None:
@@ -422,6 +426,15 @@ def test_batch_fields() -> None:
                                 {"x": np.zeros((1, 16), np.float32)}).encode())
     assert first["ramp_pred"] is None and first["exit_at"] is None and first["ramp_ids"] == []
     assert Batch.decode(decode_map(batch.encode())).ids == ["a", "b", "c"]
+    assert first["variant"] is None and Batch.decode(decode_map(batch.encode())).variant is None
+    chosen = Batch("b", "sn", 0, "offramp.results.r", ["a"], 0,
+                   {"image": np.zeros((1, 3), np.float32)}, variant="D=1;W=0.5")
+    assert Batch.decode(decode_map(chosen.encode())).variant == "D=1;W=0.5"
+    for bad in ("", 5, "x" * 201):
+        msg = decode_map(chosen.encode())
+        msg["variant"] = bad
+        with pytest.raises(ServingError, match="'variant'"):
+            Batch.decode(msg)
 
 
 def test_results_fields() -> None:
@@ -432,6 +445,7 @@ def test_results_fields() -> None:
     assert set(msg) - {"v"} == table_fields(readme_section("Results"))
     assert msg["early"] is True and msg["release"] is False and msg["error"] is None
     assert msg["logits"].shape == (1, 10)
+    assert msg["variant"] is None
 
 
 def test_exit_config_int_keys() -> None:
@@ -689,18 +703,22 @@ def test_request_telemetry_fields_round_trip_and_bytes() -> None:
     section, record = readme_section("Request telemetry"), readme_section("Request record")
     assert list(msg) == ["v", *table_order(section)]
     ok, refused = msg["records"]
-    assert list(ok) == list(refused) == table_order(record)
+    assert list(ok) == list(refused) == [f for f in table_order(record) if f != "variant"]
     assert ok == {"id": "r1", "t": 1700000000.5, "latency_ms": 3.25, "status": "ok", "exit": 2,
                   "early": True, "label": 7, "config_version": 4}
     assert refused == {"id": None, "t": 1700000001.0, "latency_ms": 0.5, "status": "bad_request",
                        "exit": None, "early": None, "label": None, "config_version": None}
     assert data == client_encode({"v": 1, "model": "tiny", "router": "router-1a2b3c4d",
-                                  "records": [{k: r[k] for k in table_order(record)}
-                                              for r in (ok, refused)]})
+                                  "records": [{k: r[k] for k in table_order(record)
+                                               if k != "variant"} for r in (ok, refused)]})
     assert RequestTelemetry.decode(decode_map(data)) == REQUESTS
     bare = RequestTelemetry.decode({"v": 1, "model": "tiny", "router": "r", "records": [
         {"t": 1.0, "latency_ms": 2.0, "status": "ok"}]})
     assert bare.records == [RequestRecord(None, 1.0, 2.0, OK)]    # absent = nil
+    served = RequestTelemetry("sn", "r", [RequestRecord("a", 1.0, 2.0, OK, -1, False, 3, 0,
+                                                        "D=1;W=1")])
+    assert RequestTelemetry.decode(decode_map(served.encode())) == served
+    assert client_decode(served.encode())["records"][0]["variant"] == "D=1;W=1"
 
 
 @pytest.mark.parametrize("change, fragments", [

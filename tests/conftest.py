@@ -31,3 +31,35 @@ def zoo_dir(models_dir) -> Path:
     for name in ZOO:
         prepare(name, MODELS_DIR, log=lambda m: None)
     return MODELS_DIR
+
+
+SUPERNET_TINY = "supernet-tiny"
+
+
+def tiny_supernet_recipes():
+    """(training recipe, search recipe) of the tiny supernet: seconds, not minutes."""
+    from services.prepare.supernet import SearchRecipe
+    from services.zoo import supernet_cnn
+
+    return (supernet_cnn.Recipe(channels=(8, 16), max_depths=(2, 2), stem=8,
+                                width_choices=(0.5, 1.0), steps=4, batch=16,
+                                teacher="random-8M8-seed0"),
+            SearchRecipe(random=6, mutations=2, calib=32, held_out=64))
+
+
+@pytest.fixture(scope="session")
+def supernet_dir(models_dir) -> Path:
+    """A tiny supernet beside the zoo models, prepared in seconds by the real path: a few
+    sandwich steps distilled from a fixed random teacher, then the pareto search
+    (idempotent: reused while its recipe is the same)."""
+    import torch
+
+    from services.prepare.supernet import prepare_supernet
+    from services.zoo import chain_cnn
+
+    torch.manual_seed(0)
+    teacher = chain_cnn.ChainCNN(layers=(8, "M", 8)).eval()
+    recipe, search = tiny_supernet_recipes()
+    prepare_supernet(MODELS_DIR, recipe=recipe, teacher=teacher, name=SUPERNET_TINY,
+                     search=search, log=lambda m: None)
+    return MODELS_DIR

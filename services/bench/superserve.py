@@ -10,7 +10,7 @@ variant policies decide, and each batch takes its variant's profiled time.
 Variant tables (device classes):
 - ``a40-modeled``: the six OFA-ResNet50 subnets of ``../shared/data`` with their published
   A40 forward times and ImageNet top-1. **Modeled**: measured elsewhere.
-- ``--profile FILE``: a profile this machine measured, e.g. the ``subnets.json`` that
+- ``--profile FILE``: a profile this machine measured, e.g. the manifest that
   ``offramp prepare supernet-cnn`` writes (its frontier), labelled with its device class.
 
 Traces, scaled to each class: ``K`` is what ``--workers`` workers serve with the most
@@ -74,10 +74,12 @@ def a40_variants(path: Path = GPU_CURVES) -> list[VariantProfile]:
 
 
 def file_variants(path: Path) -> tuple[str, list[VariantProfile]]:
-    """(device class, frontier variants) of a measured profile: ``{"device": ..., "subnets":
-    [{"subnet", "agreement", "latency_ms": {batch: ms}, "pareto"}, ...]}``."""
+    """(device class, frontier variants) of a measured profile: a prepared supernet's
+    manifest (its ``meta``), or ``{"device": ..., "subnets": [{"subnet", "agreement",
+    "latency_ms": {batch: ms}, "pareto"}, ...]}``."""
     doc = json.loads(path.read_text())
-    rows = [r for r in doc["subnets"] if r.get("pareto") and r.get("latency_ms")]
+    doc = doc.get("meta", doc)
+    rows = [r for r in doc.get("subnets", []) if r.get("pareto") and r.get("latency_ms")]
     if not rows:
         raise ValueError(f"{path}: no frontier subnet with a latency profile")
     out = []

@@ -63,10 +63,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--keep-state", action="store_true",
                        help="chaos: keep the private stack's state folder (logs, store)")
     e3_arguments(bench)
-    bench.add_argument("--profile", metavar="FILE",
-                       help="superserve: a measured variant profile (the subnets.json "
-                       "`offramp prepare supernet-cnn` writes) beside the modeled A40 class")
+    superserve_arguments(bench)
     bench.set_defaults(fn=run)
+
+
+def superserve_arguments(bench: argparse.ArgumentParser) -> None:
+    """``offramp bench superserve``: variant policies on bursty traces (services/bench/superserve.py)."""
+    bench.add_argument("--profile", metavar="FILE",
+                       help="superserve --sim: a measured variant profile beside the modeled "
+                       "A40 class: a prepared supernet's manifest.json (e.g. "
+                       "~/.offramp/models/supernet-cnn/manifest.json)")
 
 
 def e3_arguments(bench: argparse.ArgumentParser) -> None:

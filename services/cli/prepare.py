@@ -44,6 +44,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     prep.set_defaults(fn=run)
 
 
+SUPERNETS = ("supernet-cnn",)  # services.prepare.supernet.SUPERNETS, without importing torch
+
+
+def run_supernet(args: argparse.Namespace, cfg, say) -> int:
+    """A supernet: trained, pareto-profiled and registered with its variant profiles."""
+    from services.launcher.supervisor import register_prepared
+    from services.prepare.supernet import prepare_supernet
+    from services.store.migrate import upgrade
+    from services.store.repository import Store
+
+    path = prepare_supernet(Path(args.models_dir) if args.models_dir else cfg.models_dir,
+                            force=args.force, log=say, threads=max(1, cfg.ort_threads),
+                            cache_dir=cfg.home / "cache")
+    if not args.no_store:
+        cfg.home.mkdir(parents=True, exist_ok=True)
+        upgrade(cfg.database_url)
+        with Store(cfg.database_url) as store:
+            register_prepared(store, path, cfg.ramp_budget)
+    print(path)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from services.launcher.supervisor import register_prepared
     from services.prepare.pipeline import SiteChoice, prepare, sites_json
@@ -55,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     choice = SiteChoice(tuple(s.strip() for s in (args.sites or "").split(",") if s.strip()),
                         args.max_ramps)
     say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    if args.model in SUPERNETS:
+        return run_supernet(args, cfg, say)
     try:
         path = prepare(args.model, Path(args.models_dir) if args.models_dir else cfg.models_dir,
                        force=args.force, log=say, progress=say,

@@ -56,6 +56,11 @@ class Config:
     metrics_port: int | None = None  # None: no metrics (`offramp up` gives each child one)
     metrics_bind: str = "127.0.0.1"
     nats_credentials: Path | None = None  # role credentials for a server the user runs
+    # how routers choose each batch of a model served by variant (one with variant profiles
+    # in the store): fixed (the model as prepared), slackfit, maxacc, maxbatch, infaas, or
+    # variant=KEY (Clipper+: that one variant); models without profiles batch as fixed
+    router_policy: str = "fixed"
+    variant_overhead_ms: float = 5.0  # taken off a request's slack: the hops besides compute
 
     def as_env(self) -> dict[str, str]:
         """The environment a child service needs to see this same configuration."""
@@ -92,6 +97,8 @@ class Config:
             "OFFRAMP_PLAN_SLACK": str(self.plan_slack),
             "OFFRAMP_PLAN_ALPHA": str(self.plan_alpha),
             "OFFRAMP_METRICS_BIND": self.metrics_bind,
+            "OFFRAMP_ROUTER_POLICY": self.router_policy,
+            "OFFRAMP_VARIANT_OVERHEAD_MS": str(self.variant_overhead_ms),
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
@@ -132,6 +139,8 @@ DOCUMENTED = [
     ("OFFRAMP_PLAN_INTERVAL_S", "120", "the optimizer re-plans at least this often (also on drift and when the pool changes)"),
     ("OFFRAMP_PLAN_SLACK", "0.2", "share of the SLO a deployment plan keeps free; also the longest a stage holds a partial batch"),
     ("OFFRAMP_PLAN_ALPHA", "1", "a deployment plan may cost at most this many times vanilla serving (device-seconds per answer)"),
+    ("OFFRAMP_ROUTER_POLICY", "fixed", "how routers pick each batch's variant for a model with variant profiles (a supernet): `fixed` (the model as prepared), `slackfit`, `maxacc`, `maxbatch`, `infaas` (the cheapest), or `variant=KEY` (one subnet, Clipper+)"),
+    ("OFFRAMP_VARIANT_OVERHEAD_MS", "5", "variant policies: milliseconds of a request's slack kept for the hops around a batch's compute"),
     ("OFFRAMP_TUNER_NATIVE", "1", "0: the tuner climbs in Python instead of its compiled climb (same decisions; for comparison)"),
     ("OFFRAMP_NATS_PROCS", "0", "GOMAXPROCS of the NATS server `offramp up` starts (0 = 1 on machines of up to 4 cores, else Go's default)"),
     ("OFFRAMP_METRICS_PORT", "(unset: off; `offramp up`: a free port per service)", "port of a service's Prometheus `/metrics`; `offramp up` gives its services consecutive ports from it and lists them in `offramp status`"),
@@ -195,7 +204,22 @@ def _load() -> Config:
         metrics_bind=_env("OFFRAMP_METRICS_BIND", "127.0.0.1"),
         nats_credentials=Path(os.environ["OFFRAMP_NATS_CREDENTIALS"]).expanduser()
         if os.environ.get("OFFRAMP_NATS_CREDENTIALS") else None,
+        router_policy=_router_policy(_env("OFFRAMP_ROUTER_POLICY", "fixed")),
+        variant_overhead_ms=_non_negative_float("OFFRAMP_VARIANT_OVERHEAD_MS", "5"),
     )
+
+
+ROUTER_POLICIES = ("fixed", "slackfit", "maxacc", "maxbatch", "infaas")
+
+
+def _router_policy(value: str) -> str:
+    v = value.strip()
+    if v.lower() in ROUTER_POLICIES:
+        return v.lower()
+    if v.startswith("variant=") and len(v) > len("variant="):
+        return v
+    raise ConfigError(f"OFFRAMP_ROUTER_POLICY={value!r}: expected one of "
+                      f"{', '.join(ROUTER_POLICIES)}, or variant=KEY")
 
 
 def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:

@@ -101,6 +101,11 @@ def register_prepared(store, model_dir: Path, budget: float) -> None:
     """Record a prepared model (models, artifacts, ramps) and its initial exit config."""
     manifest = Manifest.load(model_dir)
     store.register_model(manifest.to_dict(), str(model_dir))
+    if manifest.kind == "supernet":  # its variants: what routers choose each batch from
+        from services.prepare.supernet import subnet_rows
+
+        store.save_subnet_profiles(manifest.name, manifest.meta["device"],
+                                   subnet_rows(manifest), source="search")
     if store.latest_exit_config(manifest.name) is None:
         active = initial_ramps(manifest, budget)  # never an untrained ramp
         untrained = sum(not r.trained for r in manifest.ramps)

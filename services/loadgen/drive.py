@@ -29,6 +29,7 @@ class Outcome:
     config_version: int = -1
     request_id: str = ""
     serving_ms: float | None = None  # the router's record of it (``attach_serving``)
+    variant: str | None = None       # the subnet or depth cap that answered, if any
 
 
 async def _request(nc: Client, model: str, i: int, inputs: dict[str, np.ndarray],
@@ -39,7 +40,8 @@ async def _request(nc: Client, model: str, i: int, inputs: dict[str, np.ndarray]
     try:
         r = await infer(nc, model, inputs, slo_ms, timeout=timeout, request_id=rid)
         return Outcome(i, True, (clock() - start) * 1e3, "ok", bool(r["early"]),
-                       int(r["exit"]), int(r["label"]), int(r["config_version"]), rid)
+                       int(r["exit"]), int(r["label"]), int(r["config_version"]), rid,
+                       variant=r.get("variant"))
     except InferError as exc:
         return Outcome(i, False, (clock() - start) * 1e3, exc.code, request_id=rid)
 

@@ -110,6 +110,11 @@ class Profiler:
                 raise ValueError(
                     f"{path} holds version {manifest.version}, the store {model['version']}"
                 )
+            if manifest.kind == "supernet":  # profiled per variant when prepared
+                self.done.add(key)
+                self.log.info("no block profile for %s: a supernet's variants were profiled "
+                              "when it was prepared (subnet_profiles)", name)
+                return False
             self.log.info(
                 "profiling %s",
                 logs.kv(

@@ -43,6 +43,8 @@ from services.router.edf_queue import EDFQueue, Pending, QueueFull
 from services.router.model_specs import ModelSpec, load_specs
 from services.router.outbox import Outbox
 from services.router.policy import Policy, make_policy
+from services.router.variant_policies import make_variant_policy
+from services.router.variant_table import VariantProfile
 from services.router.workers import Inflight, WorkerRegistry
 
 SWEEP_S = 0.05
@@ -72,6 +74,7 @@ class ModelState:
     audit: retry_hint.HintAudit = field(default_factory=retry_hint.HintAudit)
     tail: Pending | None = None  # the queued request with the latest deadline
     waits_ms: list[list[float]] = field(default_factory=list)  # queue waits of batches sent
+    policy: Policy | None = None  # a model served by variant: its own variant policy
 
     def __post_init__(self) -> None:
         self.alone_ms = self.service_ms
@@ -264,14 +267,14 @@ class Router:
                 state.early += int(res.early)
                 state.latencies.append(latency)
                 record = RequestRecord(rid, entry.received_wall, latency, OK, exit_, res.early,
-                                       label, res.config_version)
+                                       label, res.config_version, res.variant)
                 state.records.append(record)
                 resent = res.direct and entry.sent_reply != entry.reply
                 if res.direct and not resent:
                     continue  # the worker has answered and stored it itself
                 data = encode_reply(rid, entry.model, {} if res.logits is None else
                                     {"logits": res.logits[i]}, label, score, exit_, res.early,
-                                    latency, res.config_version)
+                                    latency, res.config_version, res.variant)
                 if resent:  # while its worker held it: the worker answered the abandoned
                     # attempt and stored the row; the newest attempt gets the same answer
                     self.outbox.reply(entry.reply, data)
@@ -333,7 +336,8 @@ class Router:
             if worker is None:
                 return None  # woken again by a heartbeat or a released credit
             now = time.monotonic()
-            decision = self.policy.decide(admission.queue_view(state.queue, now, state.service_ms))
+            policy = state.policy or self.policy
+            decision = policy.decide(admission.queue_view(state.queue, now, state.service_ms))
             if decision.batch_size <= 0:
                 return admission.reask_after_s(decision.wait_ms)
             # requests of one batch are stacked, so they share the head's input sizes
@@ -345,11 +349,11 @@ class Router:
             for entry, refusal in screened.refuse:
                 self.reply_error(entry, refusal.code, refusal.message)
             if screened.send:
-                self._send(model, state, worker.id, screened.send, now)
+                self._send(model, state, worker.id, screened.send, now, decision.variant)
         return None
 
     def _send(self, model: str, state: ModelState, worker_id: str, batch: list[Pending],
-              now: float) -> None:
+              now: float, variant: str | None = None) -> None:
         self.batches += 1
         # unique across routers (random router id) and within one (counter); no uuid per batch
         batch_id = f"{self.id.removeprefix('router-')}-{self.batches:x}"
@@ -362,14 +366,14 @@ class Router:
         msg = Batch(batch_id=batch_id, model=model, stage=0, router=subjects.results(self.id),
                     ids=[e.id for e in batch], config_version=0, inputs=inputs,
                     replies=[e.reply for e in batch], ages_ms=ages_ms,
-                    slos_ms=[(e.deadline - e.arrival) * 1e3 for e in batch])
+                    slos_ms=[(e.deadline - e.arrival) * 1e3 for e in batch], variant=variant)
         data = msg.encode()
         if len(data) > self.nc.max_payload and len(batch) > 1:
             # the cap counts a typical envelope; long ids or reply subjects made it larger:
             # send the first half, the rest goes back to the queue (already admitted)
             for e in batch[len(batch) // 2:]:
                 state.queue.push(e, force=True)
-            self._send(model, state, worker_id, batch[:len(batch) // 2], now)
+            self._send(model, state, worker_id, batch[:len(batch) // 2], now, variant)
             return
         for e in batch:
             e.attempts += 1
@@ -513,12 +517,34 @@ class Router:
         await msg.respond(pack({"v": 1, "router": self.id, "models": out}))
 
 
+def use_variant_policies(router: Router, cfg: Config, log) -> None:
+    """Give each model with variant profiles in the store (its frontier) the variant policy
+    ``OFFRAMP_ROUTER_POLICY`` names; the others keep the router's batching."""
+    from services.store.repository import Store
+
+    with Store(cfg.database_url) as store:
+        for name, state in router.models.items():
+            rows = store.subnet_profiles(name)
+            if not rows:
+                log.info("no variant profiles, batching as prepared %s", logs.kv(model=name))
+                continue
+            variants = [VariantProfile(r["variant"], r["accuracy"], tuple(sorted(r["latency_ms"])),
+                                       tuple(r["latency_ms"][b] for b in sorted(r["latency_ms"])))
+                        for r in rows if r["latency_ms"]]
+            state.policy = make_variant_policy(cfg.router_policy, variants, cfg.max_batch,
+                                               cfg.variant_overhead_ms)
+            log.info("variant policy %s", logs.kv(model=name, policy=cfg.router_policy,
+                                                  variants=len(variants)))
+
+
 async def serve(cfg: Config, stop: asyncio.Event) -> None:
     log = logs.setup("router", cfg.log_level)
     specs = load_specs(cfg)
     nc = await bus.connect_as(cfg, "router", "offramp-router")
     await bus.ensure_telemetry_stream(nc)
     router = Router(nc, cfg, specs, make_policy("fixed", cfg.max_batch, cfg.batch_timeout_ms), log)
+    if cfg.router_policy != "fixed":
+        await asyncio.to_thread(use_variant_policies, router, cfg, log)
     await subscribe_direct(nc, subjects.INFER_ALL, router.on_infer, queue=subjects.ROUTER_QUEUE)
     await nc.subscribe(subjects.MODELS, queue=subjects.ROUTER_QUEUE, cb=router.on_models)
     await nc.subscribe(subjects.STATUS_ROUTER, cb=router.on_status)

@@ -203,3 +203,21 @@ def infaas_like(variants: Sequence[VariantProfile], floor: float | None = None,
                 max_batch: int = 16, overhead_ms: float = 0.0) -> FixedVariant:
     return FixedVariant(variants, infaas_variant(variants, floor), max_batch, overhead_ms,
                         name="infaas")
+
+
+def make_variant_policy(name: str, variants: Sequence[VariantProfile], max_batch: int = 16,
+                        overhead_ms: float = 0.0):
+    """The policy ``OFFRAMP_ROUTER_POLICY`` names (``slackfit``, ``maxacc``, ``maxbatch``,
+    ``infaas``, ``variant=KEY``) over a model's variants."""
+    if name == "slackfit":
+        return SlackFit(variants, max_batch, overhead_ms=overhead_ms)
+    if name == "maxacc":
+        return MaxAcc(variants, max_batch, overhead_ms)
+    if name == "maxbatch":
+        return MaxBatch(variants, max_batch, overhead_ms)
+    if name == "infaas":
+        return infaas_like(variants, None, max_batch, overhead_ms)
+    if name.startswith("variant="):
+        return FixedVariant(variants, name.removeprefix("variant="), max_batch, overhead_ms,
+                            name="clipper+")
+    raise ValueError(f"unknown variant policy {name!r}")

@@ -130,11 +130,13 @@ class Search:
         for s in best:
             s.pareto = True
             s.latency_ms = {b: latency_ms(self.net, s.subnet, self.inputs[:b]) for b in BATCHES}
-        self._drop_stats(keep={s.subnet.key for s in best})
+        # the largest stays servable even off the frontier: it is the model as trained,
+        # what a batch without a variant runs
+        self._drop_stats(keep={s.subnet.key for s in best} | {space.largest.key})
         return sorted(self.scores.values(), key=lambda s: s.search_ms)
 
     def _drop_stats(self, keep: set[str]) -> None:
-        """Keep normalization statistics of the frontier only: what is served."""
+        """Keep normalization statistics of ``keep`` only: what is served."""
         for norm in norms(self.net):
             norm.stats = {k: v for k, v in norm.stats.items() if k in keep}
 

@@ -58,6 +58,9 @@ STORE_HEARTBEAT_S = 2.0
 DRAIN_LIMIT_S = 30.0  # a stopping role waits at most this long for the work it holds
 
 
+SUPERNET = "supernet"   # manifest kind of a model served by variant (services/prepare/supernet)
+
+
 @dataclass(frozen=True)
 class StagePlan:
     model: str
@@ -435,7 +438,8 @@ class Worker(ComputeMode):
                                exit_at, config, on_early, batch.ramp_ids,
                                None if batch.ramp_pred is None else list(batch.ramp_pred),
                                None if batch.ramp_score is None else list(batch.ramp_score),
-                               self.model_inputs_of(batch), features=features)
+                               self.model_inputs_of(batch), features=features,
+                               variant=batch.variant)
             except Exception:
                 if run_options is None or not run_options.terminate:
                     raise
@@ -568,7 +572,8 @@ class Worker(ComputeMode):
                 ids[k], errors.DEADLINE_EXCEEDED, f"answered {ages[k]:.0f} ms after "
                 f"admission, past its SLO of {batch.slos_ms[i]:.0f} ms") if late[k] else
                 encode_reply(ids[k], batch.model, {"logits": logits[k]}, int(labels[k]),
-                             float(scores[k]), int(exits[k]), early, ages[k], config.version))
+                             float(scores[k]), int(exits[k]), early, ages[k], config.version,
+                             batch.variant))
                 for k, i in enumerate(idx)]
         if late.any():
             self.late_answers += int(late.sum())
@@ -585,7 +590,7 @@ class Worker(ComputeMode):
             messages.append((batch.router, Results(
                 batch.batch_id, self.id, self.plan.stage, ids, labels, scores, exits,
                 None if direct else logits, early, config.version, release=release,
-                direct=direct).encode()))
+                direct=direct, variant=batch.variant).encode()))
         if messages:
             self._publish_threadsafe(messages, flush=direct)
         if release:
@@ -599,7 +604,8 @@ class Worker(ComputeMode):
         now = time.time()
         records = [RequestRecord(rid, now - age / 1e3, age, errors.DEADLINE_EXCEEDED)
                    if late[k] else RequestRecord(rid, now - age / 1e3, age, OK,
-                                                 int(exits[k]), early, int(labels[k]), version)
+                                                 int(exits[k]), early, int(labels[k]), version,
+                                                 batch.variant)
                    for k, (rid, age) in enumerate(zip(ids, ages, strict=True))]
         self.records_sent += 1
         return (subjects.telemetry_requests(batch.model),
@@ -668,6 +674,18 @@ class Role:
     stop: asyncio.Event
 
 
+def stage_runtime(model_dir, manifest: Manifest, plan: StagePlan, cfg: Config, spin: bool):
+    """The runtime of ``plan``'s blocks: ONNX Runtime, or torch for a supernet model."""
+    if manifest.kind == SUPERNET:
+        from services.runtime.supernet import SupernetRuntime  # torch: only for supernets
+
+        # torch on OFFRAMP_ORT_THREADS threads, at least one: what its profile measured
+        return SupernetRuntime(model_dir, manifest, plan.first_block, plan.last_block,
+                               threads=max(1, cfg.ort_threads))
+    return StageRuntime(model_dir, manifest, plan.first_block, plan.last_block,
+                        device=cfg.device, threads=cfg.ort_threads, spin=spin)
+
+
 async def start_role(nc: Client, cfg: Config, store, log, plan: StagePlan,
                      stage_role: StageRole | None = None, pool_id: str = "") -> Role:
     """Load ``plan``'s stage and start serving it on ``nc`` (``stage_role``: as pool worker
@@ -675,9 +693,8 @@ async def start_role(nc: Client, cfg: Config, store, log, plan: StagePlan,
     model_dir = cfg.models_dir / plan.model
     manifest = await asyncio.to_thread(Manifest.load, model_dir)
     spin = spin_for(cfg.ort_spin, None)  # auto: off unless the supervisor resolved it on
-    runtime = await asyncio.to_thread(
-        lambda: StageRuntime(model_dir, manifest, plan.first_block, plan.last_block,
-                             device=cfg.device, threads=cfg.ort_threads, spin=spin))
+    runtime = await asyncio.to_thread(lambda: stage_runtime(model_dir, manifest, plan, cfg,
+                                                            spin))
     worker = Worker(nc, cfg, plan, manifest, runtime, store, log)
     worker.pool_id = pool_id
     if stage_role is not None:

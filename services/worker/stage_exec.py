@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from schemas import errors
+from schemas.errors import ServingError
 from schemas.messages import ExitConfig
 from services.exits.decide import exits_at, ramp_outcome
 from services.runtime.stage import active_in_order, as_numpy, block_ranges, ramps_after_blocks
@@ -35,13 +37,14 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
             ramp_pred: list[np.ndarray] | None = None,
             ramp_score: list[np.ndarray] | None = None,
             model_inputs: dict[str, np.ndarray] | None = None,
-            features: bool = False) -> StageOutcome:
+            features: bool = False, variant: str | None = None) -> StageOutcome:
     """Blocks ``first..last-1``; after each, the active ramps sited there (records kept for
     every sample, early callback for samples that pass their threshold), their heads the
     files ``config.heads`` names. ``x`` is the model inputs for stage 0, else the previous
     stage's activation; ``model_inputs`` holds the model inputs later blocks read (defaults
     to ``x`` when it is the inputs dict). ``features``: the outcome also holds the pooled
-    features at every ramp site of the stage, from the same runtime calls."""
+    features at every ramp site of the stage, from the same runtime calls. ``variant``: the
+    subnet the batch runs, for a runtime that serves variants (``bad_request`` otherwise)."""
     if model_inputs is None and isinstance(x, dict):
         model_inputs = x
     t0 = time.perf_counter()
@@ -49,6 +52,7 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
     heads = getattr(config, "heads", None) or None
     # only what differs from the defaults is passed: a runtime may not know heads/features
     opts = {"heads": heads} if heads else {}
+    opts |= variant_option(runtime, variant)
     feats: dict[int, np.ndarray] | None = {} if features else None
     got = {"features": feats} if features else {}
 
@@ -88,6 +92,17 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
                 record(r, fused if k == 0 else runtime.run_ramp(r, x, model_inputs, **opts))
     return StageOutcome(as_numpy(x), ids, preds, scores, exit_at,
                         (time.perf_counter() - t0) * 1e3, feats)
+
+
+def variant_option(runtime, variant: str | None) -> dict:
+    """The ``variant`` argument for a runtime that serves variants; ``bad_request`` for a
+    batch that names one to a runtime that does not."""
+    if variant is None:
+        return {}
+    if not hasattr(runtime, "variants"):
+        raise ServingError(errors.BAD_REQUEST, f"variant {variant!r}: this model serves no "
+                           "variants")
+    return {"variant": variant}
 
 
 @dataclass(slots=True)

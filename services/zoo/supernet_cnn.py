@@ -129,9 +129,11 @@ def cache_path(cache_dir: Path | None = None, recipe: Recipe = RECIPE) -> Path:
 
 
 def build_supernet(cache_dir: Path | None = None, recipe: Recipe = RECIPE,
-                   log: Callable[[str], None] | None = None) -> ConvSupernet:
+                   log: Callable[[str], None] | None = None,
+                   teacher: torch.nn.Module | None = None) -> ConvSupernet:
     """The trained supernet (eval mode, frozen, no subnet calibrated yet): loaded from
-    the cache, else trained and cached."""
+    the cache, else trained (distilled from ``teacher``, default ``chain-cnn``) and
+    cached."""
     path = cache_path(cache_dir, recipe)
     if path.exists():
         try:
@@ -142,7 +144,7 @@ def build_supernet(cache_dir: Path | None = None, recipe: Recipe = RECIPE,
             return net.eval()
         except Exception as exc:  # noqa: BLE001 - a torn or stale file: train again
             _log.warning("%s: unreadable cache %s (%s); training again", NAME, path, exc)
-    net = train(recipe, log=log)
+    net = train(recipe, teacher, log)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
     os.close(fd)

@@ -1,0 +1,146 @@
+"""``offramp prepare supernet-cnn``: a weight-shared supernet made servable by variant.
+
+1. The supernet: trained once and cached (``services.zoo.supernet_cnn``).
+2. The pareto profile (``services.supernet.search``): candidates calibrated and scored, and
+   the frontier timed per batch size on this machine's CPU threads, as a worker runs it.
+3. One artifact, ``supernet-<hash>.pt``, holds the weights, the architecture, and the
+   normalization statistics of every frontier subnet. The manifest names it as the model's
+   only block (kind ``supernet``, no ramps) and carries the profile in ``meta``. Like the
+   zoo's other models, the folder is content-hashed and reused while the recipe is the
+   same.
+
+Registration (``launcher.supervisor.register_prepared``) writes the profile's rows to the
+store's ``subnet_profiles``, where routers read the variants they choose from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from services.runtime.devices import device_class
+from services.runtime.manifest import BlockSpec, Manifest, TensorSpec
+from services.supernet.operators import norms
+from services.supernet.search import SEARCH_BATCH, Search
+from services.training.adam import torch_threads
+from services.zoo import chain_cnn, supernet_cnn
+
+KIND = "supernet"
+SUPERNETS = (supernet_cnn.NAME,)
+VERSION = 1   # bump when the artifact layout or the search changes
+
+
+@dataclass(frozen=True)
+class SearchRecipe:
+    random: int = 48          # random candidates besides the largest and smallest
+    mutations: int = 16       # children of the frontier, one evolutionary round
+    calib: int = 512          # training crops per subnet's normalization statistics
+    held_out: int = 1024      # held-out images candidates are scored on
+    seed: int = 0
+
+
+def fingerprint(recipe: supernet_cnn.Recipe, search: SearchRecipe, threads: int) -> str:
+    text = json.dumps({"train": recipe.digest(), "search": asdict(search), "threads": threads,
+                       "version": VERSION}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _intact(target: Path, fp: str) -> Manifest | None:
+    try:
+        m = Manifest.load(target)
+    except (OSError, ValueError, KeyError):
+        return None
+    if m.kind != KIND or m.meta.get("recipe") != fp or m.verify(target):
+        return None
+    return m
+
+
+def prepare_supernet(models_dir: Path, force: bool = False, log: Callable[[str], None] = print,
+                     recipe: supernet_cnn.Recipe = supernet_cnn.RECIPE,
+                     search: SearchRecipe = SearchRecipe(), threads: int = 1,
+                     teacher: torch.nn.Module | None = None, cache_dir: Path | None = None,
+                     name: str = supernet_cnn.NAME) -> Path:
+    """Prepare the supernet under ``models_dir / name`` (reusing an intact copy of the same
+    recipe); ``threads``: the torch threads a worker serves it with, which its latency
+    profile is measured on."""
+    target = Path(models_dir) / name
+    fp = fingerprint(recipe, search, threads)
+    if not force and (m := _intact(target, fp)) is not None:
+        log(f"reusing {name} {m.version} at {target}")
+        return target
+    started = time.monotonic()
+    log(f"preparing {name} ({supernet_cnn.__doc__.splitlines()[0].strip('`: ')})")
+    net = supernet_cnn.build_supernet(cache_dir, recipe, log, teacher)
+    trained_s = time.monotonic() - started
+    calib = [torch.from_numpy(c["image"]) for c, _ in chain_cnn.bootstrap(search.calib,
+                                                                         recipe.seed + 1)]
+    x, y = chain_cnn.sample_stream(search.held_out, 1)
+    with torch_threads(threads):
+        scores = Search(net, calib, torch.from_numpy(x), y, log).run(
+            search.random, search.mutations, search.seed)
+    device = device_class("cpu", threads=threads)
+    manifest = _write(Path(models_dir), target, name, net, scores, device, fp,
+                      {"train": trained_s, "total": time.monotonic() - started})
+    front = [s for s in scores if s.pareto]
+    log(f"prepared {name} {manifest.version}: {len(scores)} subnets scored, {len(front)} on "
+        f"the frontier (agreement {min(s.agreement for s in front):.3f}-"
+        f"{max(s.agreement for s in front):.3f}), "
+        f"{manifest.meta['seconds']['total']:.0f} s")
+    return target
+
+
+def _payload(net) -> bytes:
+    buf = io.BytesIO()
+    torch.save({"arch": asdict(net.arch), "state": net.state_dict(),
+                "norms": [dict(n.stats) for n in norms(net)]}, buf)
+    return buf.getvalue()
+
+
+def _write(models_dir: Path, target: Path, name: str, net, scores, device: str, fp: str,
+           seconds: dict[str, float]) -> Manifest:
+    data = _payload(net)
+    digest = hashlib.sha256(data).hexdigest()
+    file = f"supernet-{digest[:16]}.pt"
+    largest = next(s for s in scores if s.subnet == net.space.largest)
+    lat = largest.latency_ms or {SEARCH_BATCH: largest.search_ms}
+    first = min(lat)
+    block = BlockSpec(0, file, digest, ["image"], [net.arch.classes], cost_ms=lat[first],
+                      output_name="logits", cost_by_batch={str(b): ms for b, ms in lat.items()})
+    manifest = Manifest(
+        name=name, version="", kind=KIND,
+        inputs=[TensorSpec("image", "<f4", list(chain_cnn.IMAGE_SHAPE))],
+        outputs=[TensorSpec("logits", "<f4", [net.arch.classes])],
+        classes=net.arch.classes, blocks=[block], ramps=[],
+        base_params=sum(p.numel() for p in net.parameters()), full_ms=lat[first],
+        meta={"recipe": fp, "device": device, "arch": asdict(net.arch),
+              "largest": net.space.largest.key, "seconds": seconds,
+              "subnets": [s.to_dict() for s in scores]})
+    manifest.version = manifest.compute_version()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=models_dir))
+    try:
+        tmp.chmod(0o755)
+        (tmp / file).write_bytes(data)
+        manifest.save(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def subnet_rows(manifest: Manifest) -> list[dict]:
+    """The store's ``subnet_profiles`` rows of a prepared supernet."""
+    return [{"variant": r["subnet"], "accuracy": r["agreement"],
+             "labelled_accuracy": r.get("accuracy"),
+             "latency_ms": {int(b): ms for b, ms in (r.get("latency_ms") or {}).items()},
+             "pareto": bool(r.get("pareto"))} for r in manifest.meta.get("subnets", [])]

@@ -2,7 +2,7 @@
 accelerating and MAF-like traces, replayed (SuperServe §6).
 
     offramp bench superserve --sim --json OUT [--workers 8] [--seconds 30] [--seed 0]
-        [--profile FILE] [--slo-ms MS] [--plot OUT.svg]
+        [--profile FILE] [--model M] [--slo-ms MS]
 
 A replay simulation (``services.sim.variant_sim``), not a live run: the router's own
 variant policies decide, and each batch takes its variant's profiled time.
@@ -12,6 +12,9 @@ Variant tables (device classes):
   A40 forward times and ImageNet top-1. **Modeled**: measured elsewhere.
 - ``--profile FILE``: a profile this machine measured, e.g. the manifest that
   ``offramp prepare supernet-cnn`` writes (its frontier), labelled with its device class.
+- ``--model M``: exit depth as the variant, for a prepared early-exit model: the model cut
+  at each ramp (every sample answers there, at the ramp's held-out agreement) and the full
+  model, timed from its measured block profile.
 
 Traces, scaled to each class: ``K`` is what ``--workers`` workers serve with the most
 accurate variant at the largest batch, per second.
@@ -88,6 +91,68 @@ def file_variants(path: Path) -> tuple[str, list[VariantProfile]]:
         out.append(VariantProfile(r["subnet"], float(r["agreement"]), tuple(batches),
                                   tuple(float(r["latency_ms"][str(b)]) for b in batches)))
     return str(doc.get("device", "measured")), out
+
+
+def supernet_costs(manifest_path: Path, say) -> dict[str, Any]:
+    """Measured on a prepared supernet: memory of one copy of the weights (plus every served
+    subnet's statistics) against the frontier as separate models, and what switching a
+    batch to a subnet costs in place against loading it as a separate model (its state
+    dict from memory into a fresh module: no disk, the cheapest a load can be)."""
+    import io
+
+    import torch
+
+    from services.runtime.manifest import Manifest
+    from services.runtime.supernet import SupernetRuntime
+    from services.supernet.conv_supernet import module_bytes
+    from services.supernet.operators import stats_bytes
+
+    manifest = Manifest.load(manifest_path.parent)
+    rt = SupernetRuntime(manifest_path.parent, manifest, threads=1)
+    keys = rt.variants
+    separate, loads, switches = 0, [], []
+    for key in keys:
+        alone = rt.net.extract(rt.subnet(key))
+        separate += module_bytes(alone)
+        buf = io.BytesIO()
+        torch.save(alone.state_dict(), buf)
+        t0 = time.perf_counter()
+        fresh = rt.net.extract(rt.subnet(key))   # the module a separate model needs
+        fresh.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=True))
+        loads.append((time.perf_counter() - t0) * 1e3)
+        switches.append(rt.actuation_ms(key, repeats=2000))
+    shared = module_bytes(rt.net) + stats_bytes(rt.net, keys)
+    say(f"supernet: {len(keys)} served subnets, {shared / 1e6:.2f} MB shared vs "
+        f"{separate / 1e6:.2f} MB as separate models")
+    return {"served_subnets": len(keys), "shared_bytes": shared,
+            "stats_bytes": stats_bytes(rt.net, keys), "separate_bytes": separate,
+            "memory_ratio": separate / shared,
+            "actuation_ms_median": float(np.median(switches)),
+            "actuation_ms_max": float(np.max(switches)),
+            "load_ms_median": float(np.median(loads)), "load_ms_max": float(np.max(loads))}
+
+
+def depth_variants(manifest) -> list[VariantProfile]:
+    """Exit depth as the variant, for an early-exit model (measured CPU profile): the model
+    cut at each trained ramp, every sample answering there (the ramp's held-out agreement
+    with the final layer), plus the full model. A cut's batch time is its blocks' measured
+    time at that batch, scaled as the unsplit model runs faster than its blocks chained,
+    plus the ramp head's."""
+    blocks = manifest.blocks
+    batches = sorted({int(b) for b in blocks[0].cost_by_batch})
+    full = {b: float(manifest.meta["unsplit_by_batch"][str(b)]) for b in batches}
+    chained = {b: sum(k.cost_by_batch[str(b)] for k in blocks) for b in batches}
+
+    def prefix(last: int, b: int) -> float:
+        return sum(k.cost_by_batch[str(b)] for k in blocks[:last + 1]) * full[b] / chained[b]
+
+    out = [VariantProfile(f"depth<={r.index}", float(r.agreement), tuple(batches),
+                          tuple(prefix(r.after_block, b) + r.cost_by_batch[str(b)]
+                                for b in batches))
+           for r in manifest.ramps if r.trained and r.agreement is not None]
+    out.append(VariantProfile("depth<=final", 1.0, tuple(batches),
+                              tuple(full[b] for b in batches)))
+    return out
 
 
 def capacity(variants: list[VariantProfile], workers: int) -> float:
@@ -206,6 +271,13 @@ def checks(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def report(doc: dict[str, Any]) -> str:
     lines = []
+    sn = doc.get("supernet")
+    if sn:
+        lines.append(f"supernet (measured here): {sn['served_subnets']} served subnets in "
+                     f"{sn['shared_bytes'] / 1e6:.2f} MB, as separate models "
+                     f"{sn['separate_bytes'] / 1e6:.2f} MB ({sn['memory_ratio']:.2f}x); "
+                     f"switching in place {sn['actuation_ms_median'] * 1e3:.1f} us, loading "
+                     f"as a separate model {sn['load_ms_median']:.2f} ms (medians)")
     for c in doc["classes"]:
         pols = list(c["results"])
         lines.append(f"\n{c['device_class']} ({'modeled' if c['modeled'] else 'measured'}), "
@@ -237,15 +309,28 @@ def run_superserve(args) -> int:
         print(m, file=sys.stderr, flush=True)
 
     classes = [("a40-modeled", a40_variants())]
+    if getattr(args, "model", None):
+        from services.common import config as config_mod
+        from services.runtime.manifest import Manifest
+
+        manifest = Manifest.load(config_mod.load().models_dir / args.model)
+        classes.append((f"{args.model} depth caps ({manifest.meta.get('device_class', 'cpu')})",
+                        depth_variants(manifest)))
+    costs = None
     if getattr(args, "profile", None):
         classes.append(file_variants(Path(args.profile)))
+        if json.loads(Path(args.profile).read_text()).get("kind") == "supernet":
+            costs = supernet_costs(Path(args.profile), say)
     doc: dict[str, Any] = {"mode": "replay simulation", "machine": machine(), "options": opt,
-                           "classes": [run_class(n, v, opt, say) for n, v in classes]}
+                           "classes": [run_class(n, v, opt, say) for n, v in classes],
+                           "supernet": costs}
     head = doc["classes"][0]
     doc |= {p: {t: {k: r[k] for k in ("attainment", "accuracy")} for t, r in per.items()}
             for p, per in head["results"].items()}
     doc["decision_us_p99"] = max(v["p99"] for v in head["decision_us"].values())
-    doc["actuation_ms"] = None   # measured by the live half, on a served supernet
+    # measured on the prepared supernet (in place), beside loading it as a separate model
+    doc["actuation_ms"] = None if costs is None else {
+        "in_place": costs["actuation_ms_median"], "load": costs["load_ms_median"]}
     Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     print(report(doc))
     return 0

@@ -1,0 +1,73 @@
+"""`offramp bench superserve --sim`: every policy on every trace, the JSON keys the issue
+names, decision times, and the supernet's measured memory and actuation."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+from services.bench.superserve import (
+    a40_variants,
+    checks,
+    fault_schedule,
+    policies,
+    run_superserve,
+    traces,
+)
+from tests.conftest import SUPERNET_TINY
+
+
+def test_policies_span_the_frontier_and_traces_scale_with_capacity():
+    pols = policies(a40_variants())
+    assert {"slackfit", "maxacc", "maxbatch", "infaas"} <= set(pols)
+    assert sum(p.startswith("clipper+") for p in pols) == 6
+    tr = traces(1000.0, 30.0)
+    assert tr["bursty 1K cv2=8"][0] == "bursty:250:variant=750,cv2=8"
+    assert tr["faults bursty 0.9K cv2=2"][1] and not tr["maf 0.9K"][1]
+    assert fault_schedule(8, 60.0) == [(12.0, 7), (24.0, 6), (36.0, 5), (48.0, 4)]
+
+
+def test_checks_compare_slackfit_with_fixed_variants_at_its_attainment():
+    res = {"slackfit": {"bursty a": {"attainment": 0.9999, "accuracy": 0.79}},
+           "infaas": {"bursty a": {"attainment": 1.0, "accuracy": 0.74}},
+           "clipper+ 80.00": {"bursty a": {"attainment": 0.5, "accuracy": 0.80}},
+           "clipper+ 77.00": {"bursty a": {"attainment": 1.0, "accuracy": 0.77}}}
+    got = checks(res)["bursty a"]
+    assert round(got["gain_vs_best_fixed_points"], 6) == 2.0
+    assert round(got["gain_vs_infaas_points"], 6) == 5.0
+
+
+def test_sim_bench_writes_the_named_keys(supernet_dir, tmp_path):
+    out = tmp_path / "ss.json"
+    args = argparse.Namespace(sim=True, workers=1, seconds=1.0, seed=0, slo_ms=None,
+                              json=str(out),
+                              profile=str(supernet_dir / SUPERNET_TINY / "manifest.json"))
+    assert run_superserve(args) == 0
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "replay simulation"
+    assert next(c["device_class"] for c in doc["classes"]) == "a40-modeled"
+    assert doc["classes"][0]["modeled"] and not doc["classes"][1]["modeled"]
+    for policy in ("slackfit", "maxacc", "maxbatch", "infaas"):
+        for r in doc[policy].values():
+            assert set(r) == {"attainment", "accuracy"} and 0 <= r["attainment"] <= 1
+    assert doc["decision_us_p99"] > 0
+    assert doc["actuation_ms"]["in_place"] < doc["actuation_ms"]["load"]
+    assert doc["supernet"]["memory_ratio"] > 1
+    tl = doc["classes"][0]["slackfit_timeline"]["bursty 1K cv2=8"]
+    assert set(tl) == {"t", "rate", "attainment", "accuracy", "batch"}
+    assert run_superserve(argparse.Namespace(sim=False)) == 2
+
+
+def test_exit_depths_of_an_early_exit_model_are_variants(models_dir):
+    from services.bench.superserve import depth_variants
+    from services.runtime.manifest import Manifest
+
+    m = Manifest.load(models_dir / "efficientnet-lite0")
+    vs = depth_variants(m)
+    assert [v.key for v in vs] == [f"depth<={r.index}" for r in m.ramps] + ["depth<=final"]
+    assert vs[-1].accuracy == 1.0
+    assert vs[-1].latency(16) == float(m.meta["unsplit_by_batch"]["16"])
+    # a deeper cut costs more at every batch size
+    for a, b in itertools.pairwise(vs):
+        assert all(a.latency(n) <= b.latency(n) + 1e-9 for n in (1, 4, 16))

@@ -78,7 +78,7 @@ def prepare_supernet(models_dir: Path, force: bool = False, log: Callable[[str],
         log(f"reusing {name} {m.version} at {target}")
         return target
     started = time.monotonic()
-    log(f"preparing {name} ({supernet_cnn.__doc__.splitlines()[0].strip('`: ')})")
+    log(f"preparing {name} ({supernet_cnn.DESCRIPTION})")
     net = supernet_cnn.build_supernet(cache_dir, recipe, log, teacher)
     trained_s = time.monotonic() - started
     calib = [torch.from_numpy(c["image"]) for c, _ in chain_cnn.bootstrap(search.calib,

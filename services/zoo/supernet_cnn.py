@@ -39,6 +39,8 @@ from services.training.adam import Adam, torch_threads
 from services.zoo import chain_cnn
 
 NAME = "supernet-cnn"
+DESCRIPTION = ("weight-shared ResNet supernet, 4,096 subnets (depth 1-2 and width 0.25-1 per "
+               "stage), distilled from chain-cnn on its photo crops")
 ARCH = ConvArch(channels=(16, 32, 64, 128), max_depths=(2, 2, 2, 2), stem=16,
                 classes=chain_cnn.CLASSES)
 _log = logging.getLogger(__name__)

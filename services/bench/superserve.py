@@ -297,16 +297,32 @@ def report(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def say(m: str) -> None:
+    print(m, file=sys.stderr, flush=True)
+
+
+def run_live(args) -> int:
+    """The live half: a prepared supernet served by each policy (``superserve_live``)."""
+    from services.bench.superserve_live import live_table
+    from services.bench.superserve_live import run_live as live
+
+    try:
+        doc = live(args, say)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    doc |= {p: {t: {k: r[k] for k in ("attainment", "accuracy")} for t, r in per.items()}
+            for p, per in doc["results"].items()}
+    Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    print(live_table(doc))
+    return 0
+
+
 def run_superserve(args) -> int:
     if not getattr(args, "sim", False):
-        print("error: offramp bench superserve runs in replay simulation only so far (--sim); "
-              "live serving of variants is not built yet", file=sys.stderr)
-        return 2
+        return run_live(args)
     opt = {"workers": args.workers or 8, "seconds": args.seconds or 30.0,
            "seed": args.seed, "slo_ms": args.slo_ms}
-
-    def say(m: str) -> None:
-        print(m, file=sys.stderr, flush=True)
 
     classes = [("a40-modeled", a40_variants())]
     if getattr(args, "model", None):

@@ -73,6 +73,9 @@ def superserve_arguments(bench: argparse.ArgumentParser) -> None:
                        help="superserve --sim: a measured variant profile beside the modeled "
                        "A40 class: a prepared supernet's manifest.json (e.g. "
                        "~/.offramp/models/supernet-cnn/manifest.json)")
+    bench.add_argument("--policies", metavar="P,...",
+                       help="superserve live: the policies to run (slackfit, maxacc, maxbatch, "
+                       "infaas, clipper+; default all)")
 
 
 def e3_arguments(bench: argparse.ArgumentParser) -> None:

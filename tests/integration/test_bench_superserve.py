@@ -56,7 +56,8 @@ def test_sim_bench_writes_the_named_keys(supernet_dir, tmp_path):
     assert doc["supernet"]["memory_ratio"] > 1
     tl = doc["classes"][0]["slackfit_timeline"]["bursty 1K cv2=8"]
     assert set(tl) == {"t", "rate", "attainment", "accuracy", "batch"}
-    assert run_superserve(argparse.Namespace(sim=False)) == 2
+    # live needs a supernet: a model of another kind is refused with a clear error
+    assert run_superserve(argparse.Namespace(sim=False, model="tiny", json=str(out))) == 2
 
 
 def test_exit_depths_of_an_early_exit_model_are_variants(models_dir):

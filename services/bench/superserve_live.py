@@ -1,0 +1,172 @@
+"""``offramp bench superserve`` live: variant policies serving a prepared supernet on this
+machine, on the same bursty arrivals (SuperServe §6.3 on a small scale).
+
+    offramp bench superserve --json OUT [--model supernet-cnn] [--workers 2] [--seconds 20]
+        [--seed 0] [--slo-ms MS] [--policies slackfit,maxacc,maxbatch,infaas,clipper+]
+
+Live, not simulated. Each policy gets a private stack (``offramp up``'s supervisor: its own
+state folder and nats-server) serving the model with ``--workers`` workers of one torch
+thread and worker credit 1, its router running that policy (``OFFRAMP_ROUTER_POLICY``):
+SlackFit, MaxAcc, MaxBatch, INFaaS-like (the cheapest subnet) and Clipper+ at the most
+accurate, the middle and the fastest frontier subnet. Every stack serves the same traces,
+one after the other, after ``WARM_S`` of Poisson warm-up: bursty (a quarter evenly spaced,
+the rest gamma) with CV² 2 and 8, at ``LOAD`` x ``K``, where ``K`` is what the workers
+serve per second with the most accurate subnet at batch 16 by its profile (capped at
+``MAX_RATE``, what one Python client sends here beside the workers).
+
+Per policy and trace: SLO attainment (answered within the SLO, over every request sent),
+mean serving accuracy (the profiled agreement of the subnet that answered, over the
+requests that attained the SLO), the subnets used and the end-to-end p50/p99.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from services.bench.report import machine
+from services.common import bus
+from services.common import config as config_mod
+from services.common.credentials import login_for
+from services.launcher.supervisor import Deployment, Supervisor, prepare_state
+from services.loadgen.drive import drive_open
+from services.runtime.manifest import Manifest
+from services.workloads import arrivals as arr
+from services.zoo import chain_cnn
+
+LOAD = 0.8        # offered mean rate: x the most accurate subnet's profiled capacity
+MAX_RATE = 500.0  # req/s: one Python client and the router beside the workers on 2 cores
+WARM_S = 5.0
+CV2S = (2.0, 8.0)
+SLO_FACTOR = 3.0  # default SLO: x the slowest frontier subnet's batch-16 time
+MIN_SLO_MS = 50.0  # ... at least this: bus hops and the client's own scheduling
+
+
+def frontier(manifest: Manifest) -> list[dict[str, Any]]:
+    rows = [r for r in manifest.meta["subnets"] if r["pareto"]]
+    return sorted(rows, key=lambda r: r["agreement"])
+
+
+def live_policies(front: list[dict[str, Any]]) -> dict[str, str]:
+    """name -> OFFRAMP_ROUTER_POLICY value."""
+    picks = {"fastest": front[0], "middle": front[len(front) // 2], "most accurate": front[-1]}
+    out = {p: p for p in ("slackfit", "maxacc", "maxbatch", "infaas")}
+    for label, r in picks.items():
+        out[f"clipper+ {label} ({100 * r['agreement']:.2f})"] = f"variant={r['subnet']}"
+    return out
+
+
+def stack_config(home: Path, base, model: str, policy: str, slo_ms: float):
+    return replace(base, home=home, models=(model,), database_url=f"sqlite:///{home}/offramp.db",
+                   nats_url=None, ort_threads=1, worker_credit=1, max_batch=16,
+                   default_slo_ms=slo_ms, queue_limit=100_000, router_policy=policy,
+                   adapt=False)
+
+
+async def _send(cfg, url: str, model: str, images: np.ndarray, times: np.ndarray,
+                slo_ms: float) -> list:
+    nc = await bus.connect(url, "offramp-bench-superserve", login=login_for(cfg, "client"))
+    try:
+        return await drive_open(nc, model, [{"image": x} for x in images], times,
+                                slo_ms=slo_ms, timeout=slo_ms / 1e3 + 10)
+    finally:
+        await nc.close()
+
+
+def figures(outs: list, accuracy: dict[str, float], slo_ms: float) -> dict[str, Any]:
+    ok = [o for o in outs if o.ok and o.latency_ms <= slo_ms]
+    lat = np.array([o.latency_ms for o in outs if o.ok])
+    return {"requests": len(outs), "attainment": len(ok) / len(outs) if outs else None,
+            "accuracy": float(np.mean([accuracy.get(o.variant, np.nan) for o in ok]))
+            if ok else None,
+            "errors": dict(Counter(o.code for o in outs if not o.ok)),
+            "variants": dict(Counter(o.variant for o in outs if o.ok)),
+            "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
+            "p99_ms": float(np.percentile(lat, 99)) if lat.size else None}
+
+
+def run_policy(cfg, model: str, traces: dict[str, np.ndarray], images: np.ndarray,
+               accuracy: dict[str, float], slo_ms: float, workers: int, say) -> dict:
+    cfg.home.mkdir(parents=True, exist_ok=True)
+    prepare_state(cfg, say=lambda m: None)
+    sup = Supervisor(cfg, Deployment((model,), replicas=workers), log_dir=cfg.home / "logs")
+    out = {}
+    try:
+        url = sup.start()
+        sup.wait_ready(300)
+        warm = arr.poisson(50.0, duration_s=WARM_S, seed=99)
+        asyncio.run(_send(cfg, url, model, images[:len(warm)], warm, slo_ms))
+        for name, times in traces.items():
+            outs = asyncio.run(_send(cfg, url, model, images[:len(times)], times, slo_ms))
+            out[name] = figures(outs, accuracy, slo_ms)
+            say(f"{cfg.router_policy}: {name}: attainment {out[name]['attainment']:.4f}, "
+                f"accuracy {out[name]['accuracy']}, errors {out[name]['errors']}")
+    finally:
+        sup.stop()
+    return out
+
+
+def run_live(args, say) -> dict[str, Any]:
+    base = config_mod.load()
+    model = getattr(args, "model", None) or "supernet-cnn"
+    manifest = Manifest.load(base.models_dir / model)
+    if manifest.kind != "supernet":
+        raise ValueError(f"{model} is not a supernet; prepare one (`offramp prepare "
+                         "supernet-cnn`) or use --sim")
+    front = frontier(manifest)
+    workers = args.workers or 2
+    seconds = args.seconds or 20.0
+    top = front[-1]["latency_ms"]["16"]
+    slo = args.slo_ms or max(MIN_SLO_MS, SLO_FACTOR * top)
+    k = workers * 16 / (top / 1e3)
+    rate = min(LOAD * k, MAX_RATE)
+    traces = {f"bursty {rate:.0f}/s cv2={c:g}": arr.make_arrivals(
+        f"bursty:{0.25 * rate:.6g}:variant={0.75 * rate:.6g},cv2={c:g}", duration_s=seconds,
+        seed=args.seed) for c in CV2S}
+    images = chain_cnn.sample_inputs(max(len(t) for t in traces.values()), args.seed)["image"]
+    accuracy = {r["subnet"]: r["agreement"] for r in manifest.meta["subnets"]}
+    root = base.home / "bench-superserve" / model
+    shutil.rmtree(root, ignore_errors=True)
+    chosen = live_policies(front)
+    if getattr(args, "policies", None):
+        wanted = [w.strip() for w in args.policies.split(",") if w.strip()]
+        unknown = [w for w in wanted if not any(n.startswith(w) for n in chosen)]
+        if unknown:
+            raise ValueError(f"--policies: unknown {unknown}; known: slackfit, maxacc, "
+                             "maxbatch, infaas, clipper+")
+        chosen = {n: p for n, p in chosen.items() if any(n.startswith(w) for w in wanted)}
+    results = {}
+    for name, policy in chosen.items():
+        say(f"{name}: a stack with {workers} workers, router policy {policy}")
+        cfg = stack_config(root / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"),
+                           base, model, policy, slo)
+        results[name] = run_policy(cfg, model, traces, images, accuracy, slo, workers, say)
+    return {"mode": "live", "machine": machine(), "model": model, "workers": workers,
+            "seconds": seconds, "slo_ms": slo, "rate_rps": rate, "capacity_rps": k,
+            "traces": {n: len(t) for n, t in traces.items()},
+            "frontier": [{"subnet": r["subnet"], "agreement": r["agreement"],
+                          "latency_ms": r["latency_ms"]} for r in front],
+            "results": results}
+
+
+def live_table(doc: dict[str, Any]) -> str:
+    traces = list(doc["traces"])
+    lines = [(f"live, {doc['model']}, {doc['workers']} workers, SLO {doc['slo_ms']:.1f} ms, "
+             f"offered {doc['rate_rps']:.0f} req/s; attainment / mean accuracy %"),
+             "| policy | " + " | ".join(traces) + " |", "|---" * (len(traces) + 1) + "|"]
+    for p, per in doc["results"].items():
+        cells = []
+        for t in traces:
+            r = per.get(t) or {}
+            acc = "-" if r.get("accuracy") is None else f"{100 * r['accuracy']:.2f}"
+            att = "-" if r.get("attainment") is None else f"{r['attainment']:.4f}"
+            cells.append(f"{att} / {acc}")
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""`offramp bench superserve` live on the tiny supernet: each policy asked for gets its own
+stack, serves the same bursty traces, and the JSON holds attainment and accuracy per
+policy and trace, with the subnets each policy used."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import SUPERNET_TINY
+from tests.e2e.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+
+
+def test_live_bench_serves_every_policy(supernet_dir, tmp_path):
+    out = tmp_path / "live.json"
+    env = {**os.environ, "OFFRAMP_HOME": str(tmp_path / "home"),
+           "OFFRAMP_MODELS_DIR": str(supernet_dir)}
+    env.pop("OFFRAMP_NATS_URL", None)
+    env.pop("OFFRAMP_DATABASE_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "superserve",
+                           "--model", SUPERNET_TINY, "--seconds", "2", "--slo-ms", "2000",
+                           "--policies", "slackfit,clipper+ most", "--json", str(out)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "live" and doc["model"] == SUPERNET_TINY
+    served = {r["subnet"] for r in doc["frontier"]}
+    assert "slackfit" in doc["results"] and "maxacc" not in doc["results"]
+    assert [p for p in doc["results"] if p.startswith("clipper+")] == [
+        f"clipper+ most accurate ({100 * doc['frontier'][-1]['agreement']:.2f})"]
+    for policy, per in doc["results"].items():
+        assert set(per) == set(doc["traces"])
+        for trace, fig in per.items():
+            assert fig["requests"] == doc["traces"][trace]
+            assert fig["attainment"] > 0.9, (policy, trace, fig)
+            assert set(fig["variants"]) <= served
+            assert doc[policy][trace]["attainment"] == fig["attainment"]
+    fixed = [p for p in doc["results"] if p.startswith("clipper+")]
+    assert all(len(doc["results"][p][t]["variants"]) == 1 for p in fixed for t in doc["traces"])

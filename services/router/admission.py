@@ -79,7 +79,8 @@ def updated_service_ms(service_ms: float, elapsed_ms: float) -> float:
 # ---------------------------------------------------------------- dispatch
 
 
-def queue_view(queue: EDFQueue, now: float, service_ms: float) -> QueueView:
+def queue_view(queue: EDFQueue, now: float, service_ms: float,
+               slowdown: float = 1.0) -> QueueView:
     """What the batching policy sees of a non-empty queue; the slack already has the
     service estimate taken off, so 0 means dispatch now or miss the earliest deadline."""
     head = queue.peek()
@@ -87,7 +88,23 @@ def queue_view(queue: EDFQueue, now: float, service_ms: float) -> QueueView:
     oldest = queue.oldest_arrival() or now
     left_ms = (head.deadline - now) * 1e3
     return QueueView(size=len(queue), oldest_wait_ms=(now - oldest) * 1e3,
-                     min_slack_ms=left_ms - service_ms, deadline_ms=left_ms)
+                     min_slack_ms=left_ms - service_ms, deadline_ms=left_ms,
+                     slowdown=slowdown)
+
+
+SLOWDOWN_RANGE = (1.0, 10.0)  # live over profiled batch time: never read as faster than
+# profiled (hops inflate each sample a little) nor beyond 10x (a stalled batch)
+
+
+def updated_slowdown(slowdown: float, elapsed_ms: float, expected_ms: float) -> float:
+    """EWMA of a variant batch's dispatch-to-release time over its profiled batch time:
+    a profile taken on an idle machine promises more than a loaded one gives, and a
+    slack-driven policy that trusts it overruns its deadlines."""
+    if expected_ms <= 0:
+        return slowdown
+    lo, hi = SLOWDOWN_RANGE
+    ratio = min(hi, max(lo, elapsed_ms / expected_ms))
+    return (1.0 - SERVICE_EWMA_WEIGHT) * slowdown + SERVICE_EWMA_WEIGHT * ratio
 
 
 def reask_after_s(wait_ms: float) -> float:

@@ -18,6 +18,7 @@ class QueueView:
     min_slack_ms: float      # time left before the earliest deadline, minus the service estimate
     deadline_ms: float = float("inf")  # time left before the earliest deadline (slack-driven
     # variant policies subtract their own, per-variant, batch time)
+    slowdown: float = 1.0    # live batch times over profiled ones (variant policies scale by it)
 
 
 @dataclass(frozen=True, slots=True)

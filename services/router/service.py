@@ -75,6 +75,8 @@ class ModelState:
     tail: Pending | None = None  # the queued request with the latest deadline
     waits_ms: list[list[float]] = field(default_factory=list)  # queue waits of batches sent
     policy: Policy | None = None  # a model served by variant: its own variant policy
+    variants: dict[str, VariantProfile] = field(default_factory=dict)  # ... and its table
+    slowdown: float = 1.0  # live over profiled batch time of its variant batches (EWMA)
 
     def __post_init__(self) -> None:
         self.alone_ms = self.service_ms
@@ -292,6 +294,8 @@ class Router:
                 state.service_ms = admission.updated_service_ms(state.service_ms, elapsed)
                 if inflight.alone:
                     state.alone_ms = admission.updated_service_ms(state.alone_ms, elapsed)
+                    state.slowdown = admission.updated_slowdown(state.slowdown, elapsed,
+                                                                inflight.expected_ms)
                 state.drained.add(now, inflight.size)
                 self.kick(inflight.model, state)
 
@@ -337,7 +341,8 @@ class Router:
                 return None  # woken again by a heartbeat or a released credit
             now = time.monotonic()
             policy = state.policy or self.policy
-            decision = policy.decide(admission.queue_view(state.queue, now, state.service_ms))
+            decision = policy.decide(admission.queue_view(state.queue, now, state.service_ms,
+                                                          state.slowdown))
             if decision.batch_size <= 0:
                 return admission.reask_after_s(decision.wait_ms)
             # requests of one batch are stacked, so they share the head's input sizes
@@ -380,8 +385,11 @@ class Router:
             e.sent_reply = e.reply
         state.waits_ms.append(ages_ms)  # the queue-time metric, observed at the next flush
         w = self.registry.workers[worker_id]
+        profiled = state.variants.get(variant) if variant is not None else None
         w.inflight[batch_id] = Inflight(batch_id, worker_id, model, batch, now, len(batch),
-                                        alone=not w.inflight)
+                                        alone=not w.inflight,
+                                        expected_ms=profiled.latency(len(batch)) if profiled
+                                        else 0.0)
         try:
             publish_now(self.nc, subjects.work(worker_id), data)
         except Exception as exc:  # noqa: BLE001 - fail these requests clearly, never silently
@@ -533,6 +541,7 @@ def use_variant_policies(router: Router, cfg: Config, log) -> None:
                         for r in rows if r["latency_ms"]]
             state.policy = make_variant_policy(cfg.router_policy, variants, cfg.max_batch,
                                                cfg.variant_overhead_ms)
+            state.variants = {v.key: v for v in variants}
             log.info("variant policy %s", logs.kv(model=name, policy=cfg.router_policy,
                                                   variants=len(variants)))
 

@@ -3,7 +3,8 @@ behind the router's ``Policy`` interface: the choice travels in ``BatchDecision.
 
 All of them are greedy in time and work-conserving, as SuperServe's are: whenever a worker
 is free and requests wait, they decide from the slack ``theta`` of the most urgent request
-(the time left before its deadline, less the hop overhead) and dispatch at once; the
+(the time left before its deadline, less the hop overhead, divided by the live slowdown
+the router measured: profiles are taken on an idle machine) and dispatch at once; the
 router packs the chosen number of requests in EDF order.
 
 - **SlackFit**: latency buckets evenly spaced between the fastest variant at batch 1 and
@@ -50,6 +51,12 @@ def _check(variants: Sequence[VariantProfile], max_batch: int) -> list[VariantPr
 def _largest_fit(v: VariantProfile, max_batch: int, theta: float) -> int:
     """Largest batch of ``v`` whose time is within ``theta`` (0 when not even batch 1)."""
     return bisect.bisect_right(v.latencies(max_batch), theta)  # curves rise with the batch
+
+
+def theta_ms(view: QueueView, overhead_ms: float) -> float:
+    """The slack a batch's profiled time must fit: the time to the earliest deadline, less
+    the hops, in profile time (divided by how much slower batches run live than profiled)."""
+    return (view.deadline_ms - overhead_ms) / max(view.slowdown, 1e-6)
 
 
 def _decide(choice: Choice, view: QueueView) -> BatchDecision:
@@ -112,7 +119,7 @@ class SlackFit:
         return Choice(fastest.key, b, fastest.latency(b), fastest.accuracy)
 
     def decide(self, view: QueueView) -> BatchDecision:
-        return _decide(self.choose(view.deadline_ms - self.overhead_ms), view)
+        return _decide(self.choose(theta_ms(view, self.overhead_ms)), view)
 
 
 @dataclass
@@ -136,7 +143,7 @@ class MaxBatch:
         return Choice(best.key, b, best.latency(b), best.accuracy)
 
     def decide(self, view: QueueView) -> BatchDecision:
-        return _decide(self.choose(view.deadline_ms - self.overhead_ms), view)
+        return _decide(self.choose(theta_ms(view, self.overhead_ms)), view)
 
 
 @dataclass
@@ -157,7 +164,7 @@ class MaxAcc:
         return Choice(best.key, b, best.latency(b), best.accuracy)
 
     def decide(self, view: QueueView) -> BatchDecision:
-        return _decide(self.choose(view.deadline_ms - self.overhead_ms), view)
+        return _decide(self.choose(theta_ms(view, self.overhead_ms)), view)
 
 
 @dataclass
@@ -185,7 +192,7 @@ class FixedVariant:
         return Choice(v.key, b, v.latency(b), v.accuracy)
 
     def decide(self, view: QueueView) -> BatchDecision:
-        return _decide(self.choose(view.deadline_ms - self.overhead_ms), view)
+        return _decide(self.choose(theta_ms(view, self.overhead_ms)), view)
 
 
 def infaas_variant(variants: Sequence[VariantProfile], floor: float | None = None,

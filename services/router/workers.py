@@ -16,6 +16,7 @@ class Inflight:
     dispatched: float
     size: int
     alone: bool = False  # its worker held nothing else when it was sent
+    expected_ms: float = 0.0  # a variant batch: its profiled batch time (0: not profiled)
 
 
 @dataclass(slots=True)

@@ -196,3 +196,16 @@ def test_payload_cap_for_an_image_batch():
     x = np.zeros((3, 224, 224), np.float32)   # 602112 bytes
     assert adm.payload_batch_cap(8, x.nbytes, 8 * MB) == 8
     assert adm.payload_batch_cap(32, x.nbytes, 8 * MB) == 13   # 8323072 // 602368
+
+
+def test_slowdown_follows_live_over_profiled_batch_time():
+    s = 1.0
+    for _ in range(30):
+        s = adm.updated_slowdown(s, elapsed_ms=30.0, expected_ms=10.0)
+    assert s == pytest.approx(3.0, rel=0.01)
+    assert adm.updated_slowdown(2.0, 5.0, 10.0) == pytest.approx(0.8 * 2.0 + 0.2 * 1.0)  # >= 1
+    assert adm.updated_slowdown(2.0, 500.0, 10.0) == pytest.approx(0.8 * 2.0 + 0.2 * 10.0)
+    assert adm.updated_slowdown(2.0, 30.0, 0.0) == 2.0   # not a variant batch: unchanged
+    q = EDFQueue(limit=10)
+    q.push(_p(0, deadline=10.05, arrival=10.0))
+    assert adm.queue_view(q, now=10.0, service_ms=5.0, slowdown=1.5).slowdown == 1.5

@@ -120,3 +120,15 @@ def test_measured_dips_read_flat_and_pareto_compares_whole_curves():
     # as accurate as LARGE and no faster anywhere: dominated
     slow = VariantProfile("slow", 0.80, (1, 16), (5.0, 55.0))
     assert [v.key for v in pareto([slow, LARGE])] == ["large"]
+
+
+def test_a_live_slowdown_shrinks_the_slack_in_profile_time():
+    sf = SlackFit([SMALL, LARGE], max_batch=16, buckets=4)
+    calm = QueueView(size=100, oldest_wait_ms=0.0, min_slack_ms=0.0, deadline_ms=50.0)
+    slow = QueueView(size=100, oldest_wait_ms=0.0, min_slack_ms=0.0, deadline_ms=50.0,
+                     slowdown=2.5)
+    assert sf.decide(calm).variant == "large"          # theta 50: large x 16
+    d = sf.decide(slow)                                  # theta 20 in profile time
+    assert (d.variant, d.batch_size) == ("small", 16)
+    fixed = FixedVariant([LARGE], "large")
+    assert fixed.decide(slow).batch_size == 6            # 3b + 2 <= 20

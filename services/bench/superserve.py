@@ -269,6 +269,46 @@ def checks(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+PLOT_TRACES = ("bursty 1.3K cv2=8", "faults bursty 0.9K cv2=2")
+
+
+def plot(doc: dict[str, Any], path: Path) -> Path:
+    """SlackFit over time on the bursty and fault traces of every table: offered rate,
+    attainment, the mean accuracy of the variants it chose, and its mean batch (SVG)."""
+    from services.bench.plot import svg_panels
+
+    def series(key: str, scale: float = 1.0) -> list[tuple[str, np.ndarray, np.ndarray]]:
+        out = []
+        for c in doc["classes"]:
+            for t in PLOT_TRACES:
+                tl = c["slackfit_timeline"].get(t)
+                if tl:
+                    ys = np.array([np.nan if v is None else v * scale for v in tl[key]])
+                    out.append((f"{c['device_class'][:24]}: {t}", np.array(tl["t"]), ys))
+        return out
+
+    def top(ss) -> float:
+        return max((float(np.nanmax(y)) for _, _, y in ss if np.isfinite(y).any()),
+                   default=1.0) * 1.05
+
+    def span(ss) -> tuple[float, float]:
+        finite = [y[np.isfinite(y)] for _, _, y in ss]
+        values = np.concatenate(finite) if finite else np.zeros(0)
+        if not values.size:
+            return (0.0, 100.0)
+        return (float(values.min()) - 0.5, float(values.max()) + 0.5)
+
+    rate, att, acc, batch = (series("rate"), series("attainment"), series("accuracy", 100),
+                             series("batch"))
+    x_max = max((float(x[-1]) + 1 for _, x, _ in rate if x.size), default=1.0)
+    path.write_text(svg_panels("SlackFit over time (replay; faults: a worker lost every 12 s)", [
+        ("offered req/s (per second of arrivals)", rate, top(rate)),
+        ("SLO attainment", att, 1.0),
+        ("mean accuracy of the chosen variants, %", acc, span(acc)),
+        ("mean batch size", batch, top(batch))], "seconds", x_max))
+    return path
+
+
 def report(doc: dict[str, Any]) -> str:
     lines = []
     sn = doc.get("supernet")
@@ -349,4 +389,6 @@ def run_superserve(args) -> int:
         "in_place": costs["actuation_ms_median"], "load": costs["load_ms_median"]}
     Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     print(report(doc))
+    if getattr(args, "plot", None):
+        say(f"plot: {plot(doc, Path(args.plot))}")
     return 0

@@ -41,7 +41,7 @@ def test_checks_compare_slackfit_with_fixed_variants_at_its_attainment():
 def test_sim_bench_writes_the_named_keys(supernet_dir, tmp_path):
     out = tmp_path / "ss.json"
     args = argparse.Namespace(sim=True, workers=1, seconds=1.0, seed=0, slo_ms=None,
-                              json=str(out),
+                              json=str(out), plot=str(tmp_path / "ss.svg"),
                               profile=str(supernet_dir / SUPERNET_TINY / "manifest.json"))
     assert run_superserve(args) == 0
     doc = json.loads(out.read_text())
@@ -54,6 +54,8 @@ def test_sim_bench_writes_the_named_keys(supernet_dir, tmp_path):
     assert doc["decision_us_p99"] > 0
     assert doc["actuation_ms"]["in_place"] < doc["actuation_ms"]["load"]
     assert doc["supernet"]["memory_ratio"] > 1
+    svg = (tmp_path / "ss.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<polyline") >= 4 and "SLO attainment" in svg
     tl = doc["classes"][0]["slackfit_timeline"]["bursty 1K cv2=8"]
     assert set(tl) == {"t", "rate", "attainment", "accuracy", "batch"}
     # live needs a supernet: a model of another kind is refused with a clear error

@@ -19,8 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="requests in flight during the sustained phase")
     # apparate: the replay bench (--trace) or the live one (--live)
     bench.add_argument("--trace", help="apparate: replay trace (.npz) from `offramp trace record`")
-    bench.add_argument("--plot", help="apparate: latency/threshold plot (.svg; .png needs "
-                       "matplotlib); superserve --sim: SlackFit over time (.svg)")
+    bench.add_argument("--plot", help="apparate, superserve --sim: plot (.svg; .png: matplotlib)")
     bench.add_argument("--arrivals", help="apparate: arrival spec overriding the trace's, e.g. "
                        "poisson:10 (default: the trace's arrival_s, else Poisson light load at "
                        "20%% of the full model's capacity)")

@@ -67,13 +67,8 @@ BASE_SHARE = 0.25
 def a40_variants(path: Path = GPU_CURVES) -> list[VariantProfile]:
     """The published A40 subnets (modeled): top-1 as accuracy, forward time per batch."""
     doc = json.loads(path.read_text())
-    out = []
-    for s in doc["subnets"]:
-        batches = sorted(int(b) for b in s["forward_ms"])
-        out.append(VariantProfile(f"ofa-subnet{s['id']}", s["imagenet_top1"] / 100.0,
-                                  tuple(batches),
-                                  tuple(float(s["forward_ms"][str(b)]) for b in batches)))
-    return out
+    return [VariantProfile.from_table(f"ofa-subnet{s['id']}", s["imagenet_top1"] / 100.0,
+                                      s["forward_ms"]) for s in doc["subnets"]]
 
 
 def file_variants(path: Path) -> tuple[str, list[VariantProfile]]:
@@ -85,12 +80,8 @@ def file_variants(path: Path) -> tuple[str, list[VariantProfile]]:
     rows = [r for r in doc.get("subnets", []) if r.get("pareto") and r.get("latency_ms")]
     if not rows:
         raise ValueError(f"{path}: no frontier subnet with a latency profile")
-    out = []
-    for r in rows:
-        batches = sorted(int(b) for b in r["latency_ms"])
-        out.append(VariantProfile(r["subnet"], float(r["agreement"]), tuple(batches),
-                                  tuple(float(r["latency_ms"][str(b)]) for b in batches)))
-    return str(doc.get("device", "measured")), out
+    return str(doc.get("device", "measured")), [
+        VariantProfile.from_table(r["subnet"], r["agreement"], r["latency_ms"]) for r in rows]
 
 
 def supernet_costs(manifest_path: Path, say) -> dict[str, Any]:
@@ -222,7 +213,8 @@ def run_class(name: str, variants: list[VariantProfile], opt: dict[str, Any],
     pols = policies(variants)
     results: dict[str, dict[str, Any]] = {p: {} for p in pols}
     timelines: dict[str, Any] = {}
-    for tname, (spec, failing) in traces(k, opt["seconds"]).items():
+    shapes = traces(k, opt["seconds"])
+    for tname, (spec, failing) in shapes.items():
         faults = fault_schedule(opt["workers"], opt["seconds"]) if failing else []
         times = arr.make_arrivals(spec, duration_s=opt["seconds"], seed=opt["seed"])
         for pname, pol in pols.items():
@@ -240,7 +232,7 @@ def run_class(name: str, variants: list[VariantProfile], opt: dict[str, Any],
             "variants": [{"variant": v.key, "accuracy": v.accuracy,
                           "latency_ms": {b: v.latency(b) for b in (1, 4, 8, 16)}}
                          for v in variants],
-            "traces": {t: s for t, (s, _) in traces(k, opt["seconds"]).items()},
+            "traces": {t: s for t, (s, _) in shapes.items()},
             "results": results, "slackfit_timeline": timelines,
             "decision_us": {p: decision_us(pol, rng) for p, pol in pols.items()},
             "checks": checks(results)}

@@ -536,8 +536,7 @@ def use_variant_policies(router: Router, cfg: Config, log) -> None:
             if not rows:
                 log.info("no variant profiles, batching as prepared %s", logs.kv(model=name))
                 continue
-            variants = [VariantProfile(r["variant"], r["accuracy"], tuple(sorted(r["latency_ms"])),
-                                       tuple(r["latency_ms"][b] for b in sorted(r["latency_ms"])))
+            variants = [VariantProfile.from_table(r["variant"], r["accuracy"], r["latency_ms"])
                         for r in rows if r["latency_ms"]]
             state.policy = make_variant_policy(cfg.router_policy, variants, cfg.max_batch,
                                                cfg.variant_overhead_ms)

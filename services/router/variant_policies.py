@@ -65,6 +65,23 @@ def _decide(choice: Choice, view: QueueView) -> BatchDecision:
     return BatchDecision(min(choice.batch, view.size), variant=choice.variant)
 
 
+class SlackDriven:
+    """What every policy here does with a queue view: choose on its slack, pack EDF."""
+
+    overhead_ms: float
+
+    def choose(self, theta_ms: float) -> Choice:
+        raise NotImplementedError
+
+    def decide(self, view: QueueView) -> BatchDecision:
+        return _decide(self.choose(theta_ms(view, self.overhead_ms)), view)
+
+
+def by_accuracy(variants: Sequence[VariantProfile], max_batch: int) -> list[VariantProfile]:
+    """The frontier, least accurate first."""
+    return sorted(pareto(_check(variants, max_batch), max_batch), key=lambda v: v.accuracy)
+
+
 @dataclass(frozen=True)
 class SlackFitTable:
     """SlackFit's offline phase: bucket edges and each bucket's pick, by ascending
@@ -94,7 +111,7 @@ def slackfit_table(variants: Sequence[VariantProfile], max_batch: int,
 
 
 @dataclass
-class SlackFit:
+class SlackFit(SlackDriven):
     variants: Sequence[VariantProfile]
     max_batch: int = 16
     buckets: int = DEFAULT_BUCKETS
@@ -118,20 +135,16 @@ class SlackFit:
         b = max(1, _largest_fit(fastest, self.max_batch, theta_ms))
         return Choice(fastest.key, b, fastest.latency(b), fastest.accuracy)
 
-    def decide(self, view: QueueView) -> BatchDecision:
-        return _decide(self.choose(theta_ms(view, self.overhead_ms)), view)
-
 
 @dataclass
-class MaxBatch:
+class MaxBatch(SlackDriven):
     variants: Sequence[VariantProfile]
     max_batch: int = 16
     overhead_ms: float = 0.0
     name: str = "maxbatch"
 
     def __post_init__(self) -> None:
-        self.variants = sorted(pareto(_check(self.variants, self.max_batch), self.max_batch),
-                               key=lambda v: v.accuracy)
+        self.variants = by_accuracy(self.variants, self.max_batch)
 
     def choose(self, theta_ms: float) -> Choice:
         least = self.variants[0]
@@ -142,20 +155,16 @@ class MaxBatch:
                    key=lambda v: v.accuracy)
         return Choice(best.key, b, best.latency(b), best.accuracy)
 
-    def decide(self, view: QueueView) -> BatchDecision:
-        return _decide(self.choose(theta_ms(view, self.overhead_ms)), view)
-
 
 @dataclass
-class MaxAcc:
+class MaxAcc(SlackDriven):
     variants: Sequence[VariantProfile]
     max_batch: int = 16
     overhead_ms: float = 0.0
     name: str = "maxacc"
 
     def __post_init__(self) -> None:
-        self.variants = sorted(pareto(_check(self.variants, self.max_batch), self.max_batch),
-                               key=lambda v: v.accuracy)
+        self.variants = by_accuracy(self.variants, self.max_batch)
 
     def choose(self, theta_ms: float) -> Choice:
         fits = [v for v in self.variants if v.latency(1) <= theta_ms]
@@ -163,12 +172,9 @@ class MaxAcc:
         b = max(1, _largest_fit(best, self.max_batch, theta_ms))
         return Choice(best.key, b, best.latency(b), best.accuracy)
 
-    def decide(self, view: QueueView) -> BatchDecision:
-        return _decide(self.choose(theta_ms(view, self.overhead_ms)), view)
-
 
 @dataclass
-class FixedVariant:
+class FixedVariant(SlackDriven):
     """Clipper+: one variant, chosen by the operator, served at its largest batch that
     fits theta."""
 
@@ -190,9 +196,6 @@ class FixedVariant:
         v = self._profile
         b = max(1, _largest_fit(v, self.max_batch, theta_ms))
         return Choice(v.key, b, v.latency(b), v.accuracy)
-
-    def decide(self, view: QueueView) -> BatchDecision:
-        return _decide(self.choose(theta_ms(view, self.overhead_ms)), view)
 
 
 def infaas_variant(variants: Sequence[VariantProfile], floor: float | None = None,

@@ -13,7 +13,7 @@ Pure: numpy only, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -36,6 +36,14 @@ class VariantProfile:
         if not all(np.isfinite(self.latency_ms)) or min(self.latency_ms) <= 0:
             raise ValueError(f"variant {self.key}: latencies must be positive, got "
                              f"{self.latency_ms}")
+
+    @classmethod
+    def from_table(cls, key: str, accuracy: float,
+                   latency_ms: Mapping[int | str, float]) -> VariantProfile:
+        """A variant from its ``{batch: ms}`` table (keys may be JSON strings)."""
+        table = sorted((int(b), float(ms)) for b, ms in latency_ms.items())
+        return cls(key, float(accuracy), tuple(b for b, _ in table),
+                   tuple(ms for _, ms in table))
 
     @property
     def max_batch(self) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import threading
 import time
 from pathlib import Path
 
@@ -54,11 +53,11 @@ class SupernetRuntime:
         self.first_block, self.last_block = 0, 1
         self.net = load_supernet(model_dir, manifest)
         self.largest = self.net.space.largest
-        self.threads = threads
+        if threads > 0:  # per process, once: a worker process serves one runtime
+            torch.set_num_threads(threads)
         self.providers = [PROVIDER]
         self.tap_notes: list[str] = []
         self._known: dict[str, Subnet] = {}
-        self._lock = threading.Lock()   # torch's thread count is per process
 
     @property
     def variants(self) -> list[str]:
@@ -87,22 +86,9 @@ class SupernetRuntime:
         """The whole model on ``x`` (the model inputs) under ``variant``: (logits, None)."""
         subnet = self.subnet(variant)
         image = x["image"] if isinstance(x, dict) else x
-        with torch.no_grad(), self._threads():
+        with torch.no_grad():
             logits = self.net(torch.from_numpy(np.ascontiguousarray(image)), subnet)
         return logits.numpy(), None
-
-    @contextlib.contextmanager
-    def _threads(self):
-        if self.threads <= 0:
-            yield
-            return
-        with self._lock:
-            before = torch.get_num_threads()
-            torch.set_num_threads(self.threads)
-            try:
-                yield
-            finally:
-                torch.set_num_threads(before)
 
     def actuation_ms(self, variant: str, repeats: int = 1000) -> float:
         """What switching the next batch to ``variant`` costs before its forward pass: the

@@ -44,19 +44,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     prep.set_defaults(fn=run)
 
 
-SUPERNETS = ("supernet-cnn",)  # services.prepare.supernet.SUPERNETS, without importing torch
-
-
 def run_supernet(args: argparse.Namespace, cfg, say) -> int:
     """A supernet: trained, pareto-profiled and registered with its variant profiles."""
     from services.launcher.supervisor import register_prepared
-    from services.prepare.supernet import prepare_supernet
+    from services.prepare.supernet import prepare_configured
     from services.store.migrate import upgrade
     from services.store.repository import Store
 
-    path = prepare_supernet(Path(args.models_dir) if args.models_dir else cfg.models_dir,
-                            force=args.force, log=say, threads=max(1, cfg.ort_threads),
-                            cache_dir=cfg.home / "cache")
+    path = prepare_configured(cfg, args.force, say,
+                              Path(args.models_dir) if args.models_dir else None)
     if not args.no_store:
         cfg.home.mkdir(parents=True, exist_ok=True)
         upgrade(cfg.database_url)
@@ -68,7 +64,7 @@ def run_supernet(args: argparse.Namespace, cfg, say) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from services.launcher.supervisor import register_prepared
-    from services.prepare.pipeline import SiteChoice, prepare, sites_json
+    from services.prepare.pipeline import SUPERNETS, SiteChoice, prepare, sites_json
     from services.runtime.manifest import Manifest
     from services.store.migrate import upgrade
     from services.store.repository import Store

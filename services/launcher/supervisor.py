@@ -31,7 +31,7 @@ from services.exits.initial import initial_ramps
 from services.launcher import metrics_ports
 from services.launcher.nats_auth import authorization_block, ensure_logins
 from services.launcher.natsserver import EmbeddedNats
-from services.prepare.pipeline import ZOO, load_if_intact, prepare
+from services.prepare.pipeline import SUPERNETS, ZOO, load_if_intact, prepare
 from services.runtime.manifest import Manifest
 from services.runtime.stage import spin_for
 from services.store.migrate import upgrade
@@ -88,6 +88,10 @@ def prepare_state(cfg: Config, say=print) -> None:
 def ensure_prepared(cfg: Config, name: str, say=print) -> Path:
     if name in ZOO:
         return prepare(name, cfg.models_dir, log=say)
+    if name in SUPERNETS:  # prepared like the zoo: idempotent, trained once and cached
+        from services.prepare.supernet import prepare_configured
+
+        return prepare_configured(cfg, log=say)
     model_dir = cfg.models_dir / name
     if load_if_intact(model_dir, name) is None:
         raise SystemExit(f"model {name!r} is neither in the zoo ({', '.join(sorted(ZOO))}) nor "

@@ -27,9 +27,9 @@ from services.runtime.manifest import (
     MANIFEST_FILE,
     Manifest,
 )
-from services.zoo.registry import RECIPE_VERSION, ZOO, sample_inputs
+from services.zoo.registry import RECIPE_VERSION, SUPERNETS, ZOO, sample_inputs
 
-__all__ = ["BOOTSTRAP_SEED", "ZOO", "SiteChoice", "load_if_intact", "prepare", "sample_inputs",
+__all__ = ["BOOTSTRAP_SEED", "SUPERNETS", "ZOO", "SiteChoice", "load_if_intact", "prepare", "sample_inputs",
            "sites_json"]
 
 # Bootstrap data uses its own seed so evaluations with sample_inputs(seed=0, ...) run on

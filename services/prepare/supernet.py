@@ -35,7 +35,6 @@ from services.training.adam import torch_threads
 from services.zoo import chain_cnn, supernet_cnn
 
 KIND = "supernet"
-SUPERNETS = (supernet_cnn.NAME,)
 VERSION = 1   # bump when the artifact layout or the search changes
 
 
@@ -96,6 +95,15 @@ def prepare_supernet(models_dir: Path, force: bool = False, log: Callable[[str],
         f"{max(s.agreement for s in front):.3f}), "
         f"{manifest.meta['seconds']['total']:.0f} s")
     return target
+
+
+def prepare_configured(cfg, force: bool = False, log: Callable[[str], None] = print,
+                       models_dir: Path | None = None) -> Path:
+    """``prepare_supernet`` as `offramp prepare` and `offramp up` run it: profiled on the
+    threads a worker of this configuration serves with (``OFFRAMP_ORT_THREADS``, at least
+    one), weights cached under ``$OFFRAMP_HOME/cache``."""
+    return prepare_supernet(models_dir or cfg.models_dir, force=force, log=log,
+                            threads=max(1, cfg.ort_threads), cache_dir=cfg.home / "cache")
 
 
 def _payload(net) -> bytes:

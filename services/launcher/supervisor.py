@@ -118,6 +118,26 @@ def register_prepared(store, model_dir: Path, budget: float) -> None:
                                "latency", f"initial deployment: {len(active)} of "
                                f"{len(manifest.ramps)} ramps active (evenly spaced within the "
                                f"ramp budget), thresholds 0{note}")
+    if manifest.kind != "supernet":
+        save_cap_estimates(store, manifest)
+
+
+def save_cap_estimates(store, manifest: Manifest) -> None:
+    """An early-exit model's depth caps as variants, estimated from its preparation (the
+    ramps' held-out agreement, the measured block costs) until the profiler measures them
+    on the served stream."""
+    from services.exits.depth_caps import SOURCE_PREPARED, cap_accuracy, cap_profile
+    from services.profiler.latency import from_manifest
+
+    if any(r["source"] != SOURCE_PREPARED
+           for r in store.subnet_profiles(manifest.name, pareto=False)):
+        return  # measured on a stream before: the profiler keeps those up to date
+    doc = manifest.to_dict()
+    active = store.latest_exit_config(manifest.name).active
+    rows = cap_profile(doc, from_manifest(manifest), active, cap_accuracy(doc, {}))
+    if rows:
+        store.save_subnet_profiles(manifest.name, manifest.meta.get("device_class", "cpu"),
+                                   rows, SOURCE_PREPARED)
 
 
 class Supervisor:

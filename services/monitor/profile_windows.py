@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from schemas.telemetry import SampleTelemetry
+from services.exits.depth_caps import cap_agreement
 
 
 @dataclass(slots=True)
@@ -57,6 +58,7 @@ class ProfileWindow:
     exits: dict[int, int] = field(default_factory=dict)
     ramp_agree: dict[int, int] = field(default_factory=dict)
     ramp_seen: dict[int, int] = field(default_factory=dict)
+    cap_agree: dict[int, int] = field(default_factory=dict)  # answered at this ramp at the latest
     keys: list[str] = field(default_factory=list)
 
     @property
@@ -76,20 +78,25 @@ class ProfileWindow:
             self.ramp_seen[ramp] = self.ramp_seen.get(ramp, 0) + n
             self.ramp_agree[ramp] = self.ramp_agree.get(ramp, 0) + int((b.ramp_pred[row] == b.final_pred).sum())
             self.exits[ramp] = self.exits.get(ramp, 0) + int((b.exit_at == ramp).sum())
+        for ramp, agree in cap_agreement(b.ramp_ids, b.ramp_pred, b.exit_at,
+                                         b.final_pred).items():
+            self.cap_agree[ramp] = self.cap_agree.get(ramp, 0) + agree
         self.keys.append(b.key)
 
     def rows(self) -> list[dict]:
-        """Exit-profile rows: one for the whole config (ramp -1), one per ramp seen."""
+        """Exit-profile rows: one for the whole config (ramp -1), one per ramp seen; each
+        with the agreement of a depth cap there (the whole config's: no cap)."""
         start = utc_datetime(self.start)
         end = utc_datetime(self.end)
         base = {"model": self.model, "config_version": self.config_version,
                 "window_start": start, "window_end": end}
         rows = [dict(base, ramp=-1, samples=self.samples, exit_rate=self.exit_rate,
-                     agreement=self.agreement)]
+                     agreement=self.agreement, cap_agreement=self.agreement)]
         for ramp in sorted(self.ramp_seen):
             seen = self.ramp_seen[ramp]
             rows.append(dict(base, ramp=ramp, samples=seen, exit_rate=self.exits.get(ramp, 0) / seen,
-                             agreement=self.ramp_agree[ramp] / seen))
+                             agreement=self.ramp_agree[ramp] / seen,
+                             cap_agreement=self.cap_agree[ramp] / seen))
         return rows
 
 

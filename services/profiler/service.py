@@ -1,10 +1,12 @@
-"""Profiler service, two roles, both reading and writing the store only (no bus needed):
+"""Profiler service, three roles, all reading and writing the store only (no bus needed):
 
 - **latency profiles**: every registered model for this machine's device class. It polls
   the store's models on start and every ``poll_s`` seconds, and profiles each model whose
   profile for this device class is missing, incomplete, or older than the model's
   registration (a new version). Measuring runs in a worker thread, one model at a time,
   so the event loop stays free to stop.
+- **depth-cap profiles** (:mod:`services.profiler.cap_profiles`): every early-exit model's
+  depth caps as variants, from the monitor's feedback and the latency profile.
 - **batch profiles** (E3 §3.1): every ``OFFRAMP_PROFILE_WINDOW_S``, for each model, the
   survival after each active ramp in the windows that ended (from the request history),
   the drift from the forecast made for them, and the next window's forecast (ARIMA and
@@ -27,6 +29,7 @@ from threadpoolctl import threadpool_limits
 from services.common import logs, metrics
 from services.common.config import Config
 from services.profiler.batch_profile import window_start
+from services.profiler.cap_profiles import CapProfiler
 from services.profiler.latency import BATCH_SIZES, from_manifest, measure
 from services.profiler.survival_forecast import MAX_HISTORY
 from services.profiler.window_profile import (
@@ -262,14 +265,29 @@ async def batch_profiles(batch: BatchProfiler, stop: asyncio.Event, log: Any) ->
             pass
 
 
+async def cap_profiles(caps: CapProfiler, stop: asyncio.Event, every_s: float, log: Any) -> None:
+    """The depth-cap role's loop: one refresh every ``every_s``, in a thread."""
+    while not stop.is_set():
+        try:
+            await asyncio.to_thread(caps.poll, utc(time.time()))
+        except Exception:  # store hiccup: the caps are refreshed at the next poll
+            log.exception("depth-cap profile poll failed")
+        try:
+            await asyncio.wait_for(stop.wait(), every_s)
+        except TimeoutError:
+            pass
+
+
 async def serve_profiler(cfg: Config, stop: asyncio.Event, poll_s: float = POLL_S) -> None:
     """The service: ``run_service(lambda stop: serve_profiler(cfg, stop))``."""
     log = logs.setup("profiler", cfg.log_level)
     threadpool_limits(1)  # ARIMA fits are tiny: BLAS threads would only fight the workers
     store = Store(cfg.database_url)
     profiler = Profiler(cfg, store, log)
-    batch = asyncio.ensure_future(batch_profiles(
-        BatchProfiler(store, log, cfg.profile_window_s), stop, log))
+    batch = asyncio.ensure_future(asyncio.gather(
+        batch_profiles(BatchProfiler(store, log, cfg.profile_window_s), stop, log),
+        cap_profiles(CapProfiler(store, log, profiler.device), stop, cfg.profile_window_s,
+                     log)))
     log.info("profiler ready %s", logs.kv(device=profiler.device, poll_s=poll_s,
                                            window_s=cfg.profile_window_s))
     try:

@@ -50,6 +50,7 @@ from services.router.workers import Inflight, WorkerRegistry
 SWEEP_S = 0.05
 METER_S = 0.25               # how often the answers seen are counted in the metrics
 DISPATCH_RETRY_S = 0.05      # after a dispatch pass failed unexpectedly
+VARIANT_REFRESH_S = 10.0     # variant tables are re-read this often (the profiler moves them)
 
 
 @dataclass
@@ -525,24 +526,48 @@ class Router:
         await msg.respond(pack({"v": 1, "router": self.id, "models": out}))
 
 
-def use_variant_policies(router: Router, cfg: Config, log) -> None:
-    """Give each model with variant profiles in the store (its frontier) the variant policy
-    ``OFFRAMP_ROUTER_POLICY`` names; the others keep the router's batching."""
+def variant_tables(cfg: Config, names: list[str]) -> dict[str, list[VariantProfile]]:
+    """Each model's variant frontier in the store (none: the model is not served by
+    variant); a store read, run in a thread."""
     from services.store.repository import Store
 
     with Store(cfg.database_url) as store:
-        for name, state in router.models.items():
-            rows = store.subnet_profiles(name)
-            if not rows:
+        return {name: [VariantProfile.from_table(r["variant"], r["accuracy"], r["latency_ms"])
+                       for r in store.subnet_profiles(name) if r["latency_ms"]]
+                for name in names}
+
+
+def use_variant_policies(router: Router, cfg: Config, tables: dict[str, list[VariantProfile]],
+                         log) -> None:
+    """Give each model with variant profiles (its frontier) the variant policy
+    ``OFFRAMP_ROUTER_POLICY`` names, rebuilt when its table changed; the others keep the
+    router's batching."""
+    for name, variants in tables.items():
+        state = router.models[name]
+        if not variants:
+            if state.policy is None:
                 log.info("no variant profiles, batching as prepared %s", logs.kv(model=name))
-                continue
-            variants = [VariantProfile.from_table(r["variant"], r["accuracy"], r["latency_ms"])
-                        for r in rows if r["latency_ms"]]
-            state.policy = make_variant_policy(cfg.router_policy, variants, cfg.max_batch,
-                                               cfg.variant_overhead_ms)
-            state.variants = {v.key: v for v in variants}
-            log.info("variant policy %s", logs.kv(model=name, policy=cfg.router_policy,
-                                                  variants=len(variants)))
+            continue
+        if {v.key: v for v in variants} == state.variants:
+            continue
+        state.policy = make_variant_policy(cfg.router_policy, variants, cfg.max_batch,
+                                           cfg.variant_overhead_ms)
+        state.variants = {v.key: v for v in variants}
+        log.info("variant policy %s", logs.kv(model=name, policy=cfg.router_policy,
+                                              variants=len(variants)))
+
+
+async def refresh_variants(router: Router, cfg: Config, stop: asyncio.Event, log) -> None:
+    """Variant tables change as the profiler measures them (an early-exit model's depth
+    caps follow its feedback): re-read them every ``VARIANT_REFRESH_S``."""
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), VARIANT_REFRESH_S)
+        except TimeoutError:
+            pass
+        if not stop.is_set():
+            tables = await asyncio.to_thread(variant_tables, cfg, list(router.models))
+            use_variant_policies(router, cfg, tables, log)
 
 
 async def serve(cfg: Config, stop: asyncio.Event) -> None:
@@ -552,7 +577,10 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     await bus.ensure_telemetry_stream(nc)
     router = Router(nc, cfg, specs, make_policy("fixed", cfg.max_batch, cfg.batch_timeout_ms), log)
     if cfg.router_policy != "fixed":
-        await asyncio.to_thread(use_variant_policies, router, cfg, log)
+        use_variant_policies(router, cfg, await asyncio.to_thread(
+            variant_tables, cfg, list(router.models)), log)
+        supervise("variants", lambda: refresh_variants(router, cfg, stop, log), router.tasks,
+                  log)
     await subscribe_direct(nc, subjects.INFER_ALL, router.on_infer, queue=subjects.ROUTER_QUEUE)
     await nc.subscribe(subjects.MODELS, queue=subjects.ROUTER_QUEUE, cb=router.on_models)
     await nc.subscribe(subjects.STATUS_ROUTER, cb=router.on_status)

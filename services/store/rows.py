@@ -61,6 +61,7 @@ def profile_row(r: dict[str, Any]) -> dict[str, Any]:
         "samples": int(r["samples"]),
         "exit_rate": float(r["exit_rate"]),
         "agreement": opt(float, r.get("agreement")),
+        "cap_agreement": opt(float, r.get("cap_agreement")),
     }
 
 

@@ -120,6 +120,8 @@ class ExitProfile(Base):
     samples: Mapped[int] = mapped_column(Integer)
     exit_rate: Mapped[float] = mapped_column(Float)
     agreement: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # agreement when every sample answers here at the latest (a depth cap at this ramp)
+    cap_agreement: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class Request(Base):

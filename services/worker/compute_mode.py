@@ -35,7 +35,7 @@ from schemas.plans import StageRole
 from schemas.telemetry import SampleTelemetry
 from services.exits.decide import ramp_outcome
 from services.worker.fusion import FusionBuffer, Part
-from services.worker.stage_exec import ComputeOutcome, execute_compute
+from services.worker.stage_exec import ComputeOutcome, execute_compute, variant_run
 
 COMPUTE = "compute"
 SHADOW_QUEUE = 64  # shadow batches a worker holds; feedback only, so the oldest may go
@@ -80,13 +80,14 @@ def fuse(batches: list[Batch]) -> tuple[Batch, np.ndarray]:
                  {k: np.concatenate([b.carry[k] for b in batches]) for k in first.carry},
                  [r for b in batches for r in b.replies],
                  [a for b in batches for a in b.ages_ms],
-                 [s for b in batches for s in b.slos_ms], first.shadow), starts
+                 [s for b in batches for s in b.slos_ms], first.shadow, first.variant), starts
 
 
 def fusable(a: Batch, b: Batch) -> bool:
     return (a.ramp_ids == b.ramp_ids and a.config_version == b.config_version
             and set(a.inputs) == set(b.inputs) and set(a.carry) == set(b.carry)
-            and bool(a.replies) == bool(b.replies) and bool(a.slos_ms) == bool(b.slos_ms))
+            and bool(a.replies) == bool(b.replies) and bool(a.slos_ms) == bool(b.slos_ms)
+            and a.variant == b.variant)
 
 
 def by_part(idx: np.ndarray, starts: np.ndarray, sizes: list[int]) -> list[tuple[int, np.ndarray, np.ndarray]]:
@@ -114,7 +115,8 @@ def sub_batch(batch: Batch, rows: np.ndarray, output: np.ndarray, stage: int, ve
                  {k: v[rows] for k, v in carry.items()},
                  [batch.replies[i] for i in pick] if batch.replies else [],
                  [batch.ages_ms[i] + waited_ms for i in pick] if batch.ages_ms else [],
-                 [batch.slos_ms[i] for i in pick] if batch.slos_ms else [], shadow)
+                 [batch.slos_ms[i] for i in pick] if batch.slos_ms else [], shadow,
+                 batch.variant)
 
 
 class ComputeMode:
@@ -225,14 +227,18 @@ class ComputeMode:
         """Run a fused batch through this stage in compute mode and send what it yields:
         early answers per part as their ramps pass, survivors (and shadow rows, apart) to
         the next stage per part, final answers and telemetry at the last stage."""
-        config = self.running(config)
         batches = [b for b, _ in job.parts]
         batch, starts = fuse(batches)
+        served = self.running(config)
+        config, _variant = variant_run(self.runtime, self.site_order, batch.variant, served)
         sizes = [len(b.ids) for b in batches]
         n = len(batch.ids)
         exit_at = (np.full(n, -1, np.int32) if batch.exit_at is None
                    else np.array(batch.exit_at, dtype=np.int32))
-        keep = self.shadow.selected(batch.ids)
+        # a batch that stops at its depth cap runs no shadow rows: they would carry the
+        # rest of the model at a sliver of a batch, the very time the cap was chosen to save
+        keep = (self.shadow.selected(batch.ids) if config is served
+                else np.zeros(n, bool))
         first = self.plan.stage == 0
 
         def on_early(ramp: int, idx: np.ndarray, labels, scores, logits) -> None:
@@ -283,7 +289,7 @@ class ComputeMode:
                      np.stack([s[lo:lo + len(b.ids)] for s in out.ramp_score])
                      if out.ramp_score else None,
                      out.exit_at[lo:lo + len(b.ids)], stage_ms, b.carry, b.replies, b.ages_ms,
-                     b.slos_ms, b.shadow)
+                     b.slos_ms, b.shadow, b.variant)
         messages = []
         for shadow in (False, True):
             pick = exited == shadow

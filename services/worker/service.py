@@ -47,11 +47,11 @@ from services.exits.initial import initial_config, initial_ramps
 from services.exits.shadow import ShadowSampler
 from services.runtime.devices import device_class
 from services.runtime.manifest import Manifest
-from services.runtime.stage import StageRuntime, spin_for
+from services.runtime.stage import StageRuntime, active_in_order, spin_for
 from services.worker.compute_mode import COMPUTE, ComputeMode, Fused
 from services.worker.feature_sampling import FeatureSampler
 from services.worker.feedback_backlog import FeedbackBacklog, SetAside
-from services.worker.stage_exec import StageOutcome, execute
+from services.worker.stage_exec import StageOutcome, execute, variant_run
 from services.worker.telemetry import TelemetryBuffer
 
 STORE_HEARTBEAT_S = 2.0
@@ -99,6 +99,7 @@ class Worker(ComputeMode):
         self.log = log
         self.id = f"{plan.model}-s{plan.stage}-{uuid.uuid4().hex[:6]}"
         self.ramps = manifest.ramps_in(plan.first_block, plan.last_block)
+        self.site_order = active_in_order(manifest.ramps, [r.index for r in manifest.ramps])
         # Model inputs that blocks after this stage read: passed along with the activation.
         self.carry = manifest.model_inputs_of(plan.last_block, manifest.num_blocks)
         self.config = initial_config(plan.model, initial_ramps(manifest, cfg.ramp_budget))
@@ -371,10 +372,16 @@ class Worker(ComputeMode):
         exit_at = self.exit_rows_of(batch, rerun)
         # rows whose ramp features go to the tuner: a batch without any runs without the
         # feature outputs (they cost about 6 % of EfficientNet's stage)
+        served = config
+        config, variant = variant_run(self.runtime, self.site_order, batch.variant, config)
+        # a capped batch's answers are not the exit config's: they feed neither the
+        # monitor's agreement (the tuner would chase an accuracy the router chose) nor refits
+        capped = config is not served
         sampled = (self.sampler.rows(batch.batch_id, len(batch.ids), time.monotonic())
-                   if self.want_features
+                   if self.want_features and not capped
                    else np.zeros(0, np.int64))
-        out = self.run_stage(batch, config, received, exit_at, rerun, features=len(sampled) > 0)
+        out = self.run_stage(batch, config, received, exit_at, rerun,
+                             features=len(sampled) > 0, variant=variant)
         if rerun is None:  # a re-run for feedback is the same batch again: metered once
             self.batch_sizes.observe(len(batch.ids))
         if out is None:  # gave way to a waiting request: set aside, its feedback comes later
@@ -391,7 +398,8 @@ class Worker(ComputeMode):
         labels, scores = ramp_outcome(out.output, config.score)
         if rerun is None:  # answer first: the telemetry below is bookkeeping
             self.answer_finals(batch, config, received, out, labels, scores)
-        self.record_telemetry(batch, config, out, labels, scores, stage_ms)
+        if not capped:
+            self.record_telemetry(batch, config, out, labels, scores, stage_ms)
         if out.features:
             self.record_features(batch, config, out, labels, sampled)
 
@@ -409,7 +417,8 @@ class Worker(ComputeMode):
         return batch.inputs if self.plan.stage == 0 else batch.carry
 
     def run_stage(self, batch: Batch, config: ExitConfig, received: float, exit_at: np.ndarray,
-                  rerun: SetAside | None, features: bool = False) -> StageOutcome | None:
+                  rerun: SetAside | None, features: bool = False,
+                  variant: str | None = None) -> StageOutcome | None:
         """This stage's blocks and ramps, each early result sent as its ramp passes
         (``features``: and every site's pooled features); None when the run gave way to a waiting request (it is set aside for a feedback re-run)."""
         # only the last stage knows the rest is feedback (earlier ones feed later stages);
@@ -439,7 +448,7 @@ class Worker(ComputeMode):
                                None if batch.ramp_pred is None else list(batch.ramp_pred),
                                None if batch.ramp_score is None else list(batch.ramp_score),
                                self.model_inputs_of(batch), features=features,
-                               variant=batch.variant)
+                               variant=variant)
             except Exception:
                 if run_options is None or not run_options.terminate:
                     raise
@@ -474,7 +483,8 @@ class Worker(ComputeMode):
                     config.version, {"x": np.ascontiguousarray(out.output)}, out.ramp_ids,
                     ramp_pred, ramp_score, out.exit_at, stage_ms,
                     {k: model_inputs[k] for k in self.carry}, batch.replies,
-                    [a + waited for a in batch.ages_ms], batch.slos_ms).encode()
+                    [a + waited for a in batch.ages_ms], batch.slos_ms,
+                    variant=batch.variant).encode()
         self._publish_threadsafe([(self.next_stage_subject(), self.checked_size(nxt))])
         if self.plan.stage == 0:
             self._release(batch, config)

@@ -11,6 +11,7 @@ import numpy as np
 from schemas import errors
 from schemas.errors import ServingError
 from schemas.messages import ExitConfig
+from services.exits import depth_caps
 from services.exits.decide import exits_at, ramp_outcome
 from services.runtime.stage import active_in_order, as_numpy, block_ranges, ramps_after_blocks
 from services.runtime.taps import tap_plan
@@ -92,6 +93,21 @@ def execute(runtime, ramps, first: int, last: int, x, exit_at: np.ndarray, confi
                 record(r, fused if k == 0 else runtime.run_ramp(r, x, model_inputs, **opts))
     return StageOutcome(as_numpy(x), ids, preds, scores, exit_at,
                         (time.perf_counter() - t0) * 1e3, feats)
+
+
+def variant_run(runtime, site_order: tuple[int, ...], variant: str | None,
+                config: ExitConfig) -> tuple[ExitConfig, str | None]:
+    """The exit config a batch of ``variant`` runs under, and the variant its runtime is
+    given: a depth cap (:mod:`services.exits.depth_caps`) caps the config and the runtime
+    runs the model as it is; any other variant goes to the runtime. ``site_order``: the
+    model's ramps in site order. A malformed cap, or one at no ramp of the model, is a
+    ``bad_request``."""
+    if not depth_caps.is_cap(variant) or hasattr(runtime, "variants"):
+        return config, variant
+    try:
+        return depth_caps.capped_config(config, site_order, depth_caps.cap_ramp(variant)), None
+    except ValueError as exc:
+        raise ServingError(errors.BAD_REQUEST, str(exc)) from None
 
 
 def variant_option(runtime, variant: str | None) -> dict:

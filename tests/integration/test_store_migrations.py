@@ -47,7 +47,7 @@ def test_upgrade_creates_tables_and_indexes(url: str) -> None:
     assert migrate.current(url) is None
     migrate.upgrade(url)
     assert _tables(url) == TABLES
-    assert migrate.current(url) == migrate.head() == "0008_request_variants"
+    assert migrate.current(url) == migrate.head() == "0009_cap_agreement"
     engine = make_engine(url)
     try:
         insp = inspect(engine)

@@ -54,3 +54,17 @@ def test_new_config_version_closes_the_window():
     assert [w.config_version for w in closed] == [1]
     assert [w.config_version for w in tracker.flush()] == [2]
     assert tracker.flush() == []
+
+
+def test_windows_measure_the_agreement_of_a_depth_cap_at_each_ramp():
+    tracker = WindowTracker(size=3)
+    # s0 exits at ramp 0 (agrees); s1 and s2 run on and the final layer answers both right.
+    # A cap at ramp 0 answers them with ramp 0's 9 and 2 (s1 wrong); a cap at ramp 1 keeps
+    # s0's exit and answers s1, s2 with ramp 1's 2 and 2 (all right).
+    (win,) = tracker.add(_batch("1", [0, -1, -1], [[1, 9, 2], [1, 2, 2]], [1, 2, 2]))
+    rows = {r["ramp"]: r for r in win.rows()}
+    assert rows[0]["cap_agreement"] == 2 / 3 and rows[1]["cap_agreement"] == 1.0
+    assert rows[-1]["cap_agreement"] == rows[-1]["agreement"] == 1.0
+    (win,) = tracker.add(_batch("2", [-1, -1, -1], [[4, 6, 0], [0, 6, 0]], [4, 6, 0]))
+    rows = {r["ramp"]: r for r in win.rows()}
+    assert rows[0]["cap_agreement"] == 1.0 and rows[1]["cap_agreement"] == 2 / 3

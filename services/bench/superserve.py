@@ -334,7 +334,8 @@ def say(m: str) -> None:
 
 
 def run_live(args) -> int:
-    """The live half: a prepared supernet served by each policy (``superserve_live``)."""
+    """The live half: a prepared supernet, or an early-exit model's depth caps, served by
+    each policy (``superserve_live``)."""
     from services.bench.superserve_live import live_table
     from services.bench.superserve_live import run_live as live
 

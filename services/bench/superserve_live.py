@@ -1,8 +1,14 @@
-"""``offramp bench superserve`` live: variant policies serving a prepared supernet on this
-machine, on the same bursty arrivals (SuperServe §6.3 on a small scale).
+"""``offramp bench superserve`` live: variant policies serving a prepared supernet, or an
+early-exit model's depth caps, on this machine, on the same bursty arrivals (SuperServe
+§6.3 on a small scale).
 
-    offramp bench superserve --json OUT [--model supernet-cnn] [--workers 2] [--seconds 20]
-        [--seed 0] [--slo-ms MS] [--policies slackfit,maxacc,maxbatch,infaas,clipper+]
+    offramp bench superserve --json OUT [--model supernet-cnn|efficientnet-lite0|...]
+        [--workers 2] [--seconds 20] [--seed 0] [--slo-ms MS] [--rate R]
+        [--policies slackfit,maxacc,maxbatch,infaas,clipper+]
+
+An early-exit model runs in compute mode with the depth caps its stack registers as the
+variants (:mod:`services.bench.superserve_depth`); its accuracy is measured per answer
+against the full model. The rest of this docstring says "subnet" for either.
 
 Live, not simulated. Each policy gets a private stack (``offramp up``'s supervisor: its own
 state folder and nats-server) serving the model with ``--workers`` workers of one torch
@@ -12,7 +18,7 @@ accurate, the middle and the fastest frontier subnet. Every stack serves the sam
 one after the other, after ``WARM_S`` of Poisson warm-up: bursty (a quarter evenly spaced,
 the rest gamma) with CV² 2 and 8, at ``LOAD`` x ``K``, where ``K`` is what the workers
 serve per second with the most accurate subnet at batch 16 by its profile (capped at
-``MAX_RATE``, what one Python client sends here beside the workers).
+``MAX_RATE``, what one Python client sends here beside the workers), or ``--rate``.
 
 Per policy and trace: SLO attainment (answered within the SLO, over every request sent),
 mean serving accuracy (the profiled agreement of the subnet that answered, over the
@@ -31,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from services.bench import superserve_depth
 from services.bench.report import machine
 from services.common import bus
 from services.common import config as config_mod
@@ -38,6 +45,7 @@ from services.common.credentials import login_for
 from services.launcher.supervisor import Deployment, Supervisor, prepare_state
 from services.loadgen.drive import drive_open
 from services.runtime.manifest import Manifest
+from services.store.repository import Store
 from services.workloads import arrivals as arr
 from services.zoo import chain_cnn
 
@@ -70,42 +78,45 @@ def stack_config(home: Path, base, model: str, policy: str, slo_ms: float):
                    adapt=False)
 
 
-async def _send(cfg, url: str, model: str, images: np.ndarray, times: np.ndarray,
+async def _send(cfg, url: str, model: str, inputs: list[dict], times: np.ndarray,
                 slo_ms: float) -> list:
     nc = await bus.connect(url, "offramp-bench-superserve", login=login_for(cfg, "client"))
     try:
-        return await drive_open(nc, model, [{"image": x} for x in images], times,
+        return await drive_open(nc, model, inputs, times,
                                 slo_ms=slo_ms, timeout=slo_ms / 1e3 + 10)
     finally:
         await nc.close()
 
 
-def figures(outs: list, accuracy: dict[str, float], slo_ms: float) -> dict[str, Any]:
+def figures(outs: list, score, slo_ms: float) -> dict[str, Any]:
+    """``score(outcome)``: the accuracy credited to one answer."""
     ok = [o for o in outs if o.ok and o.latency_ms <= slo_ms]
     lat = np.array([o.latency_ms for o in outs if o.ok])
     return {"requests": len(outs), "attainment": len(ok) / len(outs) if outs else None,
-            "accuracy": float(np.mean([accuracy.get(o.variant, np.nan) for o in ok]))
-            if ok else None,
+            "accuracy": float(np.mean([score(o) for o in ok])) if ok else None,
             "errors": dict(Counter(o.code for o in outs if not o.ok)),
             "variants": dict(Counter(o.variant for o in outs if o.ok)),
             "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
             "p99_ms": float(np.percentile(lat, 99)) if lat.size else None}
 
 
-def run_policy(cfg, model: str, traces: dict[str, np.ndarray], images: np.ndarray,
-               accuracy: dict[str, float], slo_ms: float, workers: int, say) -> dict:
+def run_policy(cfg, model: str, traces: dict[str, np.ndarray], inputs: list[dict],
+               score, slo_ms: float, workers: int, say, depth: bool) -> dict:
     cfg.home.mkdir(parents=True, exist_ok=True)
     prepare_state(cfg, say=lambda m: None)
+    if depth:  # caps stop the batch only in compute mode
+        with Store(cfg.database_url) as store:
+            store.ensure_exit_mode(model, "compute", "compute mode: bench superserve")
     sup = Supervisor(cfg, Deployment((model,), replicas=workers), log_dir=cfg.home / "logs")
     out = {}
     try:
         url = sup.start()
         sup.wait_ready(300)
-        warm = arr.poisson(50.0, duration_s=WARM_S, seed=99)
-        asyncio.run(_send(cfg, url, model, images[:len(warm)], warm, slo_ms))
+        warm = arr.poisson(min(50.0, 0.2 * len(inputs) / WARM_S), duration_s=WARM_S, seed=99)
+        asyncio.run(_send(cfg, url, model, inputs[:len(warm)], warm, slo_ms))
         for name, times in traces.items():
-            outs = asyncio.run(_send(cfg, url, model, images[:len(times)], times, slo_ms))
-            out[name] = figures(outs, accuracy, slo_ms)
+            outs = asyncio.run(_send(cfg, url, model, inputs[:len(times)], times, slo_ms))
+            out[name] = figures(outs, score, slo_ms)
             say(f"{cfg.router_policy}: {name}: attainment {out[name]['attainment']:.4f}, "
                 f"accuracy {out[name]['accuracy']}, errors {out[name]['errors']}")
     finally:
@@ -113,42 +124,60 @@ def run_policy(cfg, model: str, traces: dict[str, np.ndarray], images: np.ndarra
     return out
 
 
+def inputs_and_score(base, manifest: Manifest, seed: int, n: int):
+    """The inputs of ``n`` requests and the accuracy credited to an answer: a supernet's
+    profiled agreement of the subnet that answered, or for an early-exit model's depth
+    caps whether the answer is the full model's (measured here on the same inputs)."""
+    if manifest.kind == "supernet":
+        accuracy = {r["subnet"]: r["agreement"] for r in manifest.meta["subnets"]}
+        images = chain_cnn.sample_inputs(n, seed)["image"]
+        return [{"image": x} for x in images], lambda o: accuracy.get(o.variant, np.nan)
+    inputs = superserve_depth.bench_inputs(manifest, n, seed)
+    ref = superserve_depth.full_labels(base.models_dir / manifest.name, manifest, inputs)
+    return inputs, lambda o: float(o.label == ref[o.index])
+
+
+def chosen_policies(front: list[dict[str, Any]], wanted: str | None) -> dict[str, str]:
+    chosen = live_policies(front)
+    if wanted:
+        names = [w.strip() for w in wanted.split(",") if w.strip()]
+        unknown = [w for w in names if not any(n.startswith(w) for n in chosen)]
+        if unknown:
+            raise ValueError(f"--policies: unknown {unknown}; known: slackfit, maxacc, "
+                             "maxbatch, infaas, clipper+")
+        chosen = {n: p for n, p in chosen.items() if any(n.startswith(w) for w in names)}
+    return chosen
+
+
 def run_live(args, say) -> dict[str, Any]:
     base = config_mod.load()
     model = getattr(args, "model", None) or "supernet-cnn"
     manifest = Manifest.load(base.models_dir / model)
-    if manifest.kind != "supernet":
-        raise ValueError(f"{model} is not a supernet; prepare one (`offramp prepare "
-                         "supernet-cnn`) or use --sim")
-    front = frontier(manifest)
+    depth = manifest.kind != "supernet"
     workers = args.workers or 2
     seconds = args.seconds or 20.0
+    front = (superserve_depth.cap_frontier(manifest, base.ramp_budget) if depth
+             else frontier(manifest))
     top = front[-1]["latency_ms"]["16"]
     slo = args.slo_ms or max(MIN_SLO_MS, SLO_FACTOR * top)
     k = workers * 16 / (top / 1e3)
-    rate = min(LOAD * k, MAX_RATE)
+    rate = getattr(args, "rate", None) or min(LOAD * k, MAX_RATE)
     traces = {f"bursty {rate:.0f}/s cv2={c:g}": arr.make_arrivals(
         f"bursty:{0.25 * rate:.6g}:variant={0.75 * rate:.6g},cv2={c:g}", duration_s=seconds,
         seed=args.seed) for c in CV2S}
-    images = chain_cnn.sample_inputs(max(len(t) for t in traces.values()), args.seed)["image"]
-    accuracy = {r["subnet"]: r["agreement"] for r in manifest.meta["subnets"]}
+    n = max(len(t) for t in traces.values())
+    say(f"{model}: {n} inputs" + (" and the full model's answers to them" if depth else ""))
+    inputs, score = inputs_and_score(base, manifest, args.seed, n)
     root = base.home / "bench-superserve" / model
     shutil.rmtree(root, ignore_errors=True)
-    chosen = live_policies(front)
-    if getattr(args, "policies", None):
-        wanted = [w.strip() for w in args.policies.split(",") if w.strip()]
-        unknown = [w for w in wanted if not any(n.startswith(w) for n in chosen)]
-        if unknown:
-            raise ValueError(f"--policies: unknown {unknown}; known: slackfit, maxacc, "
-                             "maxbatch, infaas, clipper+")
-        chosen = {n: p for n, p in chosen.items() if any(n.startswith(w) for w in wanted)}
     results = {}
-    for name, policy in chosen.items():
+    for name, policy in chosen_policies(front, getattr(args, "policies", None)).items():
         say(f"{name}: a stack with {workers} workers, router policy {policy}")
         cfg = stack_config(root / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"),
                            base, model, policy, slo)
-        results[name] = run_policy(cfg, model, traces, images, accuracy, slo, workers, say)
+        results[name] = run_policy(cfg, model, traces, inputs, score, slo, workers, say, depth)
     return {"mode": "live", "machine": machine(), "model": model, "workers": workers,
+            "variants": "depth caps (compute mode)" if depth else "subnets",
             "seconds": seconds, "slo_ms": slo, "rate_rps": rate, "capacity_rps": k,
             "traces": {n: len(t) for n, t in traces.items()},
             "frontier": [{"subnet": r["subnet"], "agreement": r["agreement"],

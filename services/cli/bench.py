@@ -73,6 +73,9 @@ def superserve_arguments(bench: argparse.ArgumentParser) -> None:
                        help="superserve --sim: a measured variant profile beside the modeled "
                        "A40 class: a prepared supernet's manifest.json (e.g. "
                        "~/.offramp/models/supernet-cnn/manifest.json)")
+    bench.add_argument("--rate", type=float, metavar="R",
+                       help="superserve live: mean offered rate, req/s (default 0.8 x the "
+                       "most accurate variant's profiled capacity, at most 500)")
     bench.add_argument("--policies", metavar="P,...",
                        help="superserve live: the policies to run (slackfit, maxacc, maxbatch, "
                        "infaas, clipper+; default all)")

@@ -43,3 +43,32 @@ def test_live_bench_serves_every_policy(supernet_dir, tmp_path):
             assert doc[policy][trace]["attainment"] == fig["attainment"]
     fixed = [p for p in doc["results"] if p.startswith("clipper+")]
     assert all(len(doc["results"][p][t]["variants"]) == 1 for p in fixed for t in doc["traces"])
+
+
+def test_live_bench_serves_an_early_exit_model_by_depth_cap(models_dir, tmp_path):
+    """The tiny early-exit model in compute mode: its depth caps are the variants, and
+    each answer is scored against the full model's on the same input."""
+    out = tmp_path / "live.json"
+    env = {**os.environ, "OFFRAMP_HOME": str(tmp_path / "home"),
+           "OFFRAMP_MODELS_DIR": str(models_dir)}
+    env.pop("OFFRAMP_NATS_URL", None)
+    env.pop("OFFRAMP_DATABASE_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "superserve",
+                           "--model", "tiny", "--seconds", "2", "--slo-ms", "2000",
+                           "--rate", "100", "--policies", "slackfit,clipper+ most",
+                           "--json", str(out)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["variants"] == "depth caps (compute mode)"
+    assert all(r["subnet"].startswith("depth<=") for r in doc["frontier"])
+    assert doc["frontier"][-1]["subnet"] == "depth<=final"
+    for policy, per in doc["results"].items():
+        for trace, fig in per.items():
+            assert fig["requests"] == doc["traces"][trace]
+            assert fig["attainment"] > 0.9, (policy, trace, fig)
+            assert all(v.startswith("depth<=") for v in fig["variants"])
+    (fixed,) = [p for p in doc["results"] if p.startswith("clipper+")]
+    for fig in doc["results"][fixed].values():  # the full model answers as itself
+        assert fig["variants"] == {"depth<=final": fig["requests"]}
+        assert fig["accuracy"] >= 0.99

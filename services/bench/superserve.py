@@ -348,6 +348,10 @@ def run_live(args) -> int:
             for p, per in doc["results"].items()}
     Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     print(live_table(doc))
+    if getattr(args, "plot", None) and doc.get("faults"):
+        from services.bench.superserve_faults import plot as faults_plot
+
+        say(f"plot: {faults_plot(doc, Path(args.plot))}")
     return 0
 
 

@@ -31,13 +31,14 @@ import asyncio
 import re
 import shutil
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from services.bench import superserve_depth
+from services.bench import superserve_faults as faults
 from services.bench.report import machine
 from services.common import bus
 from services.common import config as config_mod
@@ -55,6 +56,7 @@ WARM_S = 5.0
 CV2S = (2.0, 8.0)
 SLO_FACTOR = 3.0  # default SLO: x the slowest frontier subnet's batch-16 time
 MIN_SLO_MS = 50.0  # ... at least this: bus hops and the client's own scheduling
+FAULT_FACTOR = 2.0  # the faults trace runs this many times --seconds
 
 
 def frontier(manifest: Manifest) -> list[dict[str, Any]]:
@@ -100,25 +102,50 @@ def figures(outs: list, score, slo_ms: float) -> dict[str, Any]:
             "p99_ms": float(np.percentile(lat, 99)) if lat.size else None}
 
 
-def run_policy(cfg, model: str, traces: dict[str, np.ndarray], inputs: list[dict],
-               score, slo_ms: float, workers: int, say, depth: bool) -> dict:
+@dataclass
+class Load:
+    """What every policy's stack serves: the traces, their inputs, the score of an answer,
+    the SLO; and the faults trace (None: not run) with its length."""
+
+    traces: dict[str, np.ndarray]
+    inputs: list[dict]
+    score: Any
+    slo_ms: float
+    workers: int
+    faults: np.ndarray | None = None
+    fault_s: float = 0.0
+
+
+def run_policy(cfg, model: str, load: Load, say, depth: bool) -> dict:
     cfg.home.mkdir(parents=True, exist_ok=True)
     prepare_state(cfg, say=lambda m: None)
     if depth:  # caps stop the batch only in compute mode
         with Store(cfg.database_url) as store:
             store.ensure_exit_mode(model, "compute", "compute mode: bench superserve")
-    sup = Supervisor(cfg, Deployment((model,), replicas=workers), log_dir=cfg.home / "logs")
+    sup = Supervisor(cfg, Deployment((model,), replicas=load.workers),
+                     log_dir=cfg.home / "logs")
     out = {}
     try:
         url = sup.start()
         sup.wait_ready(300)
-        warm = arr.poisson(min(50.0, 0.2 * len(inputs) / WARM_S), duration_s=WARM_S, seed=99)
-        asyncio.run(_send(cfg, url, model, inputs[:len(warm)], warm, slo_ms))
-        for name, times in traces.items():
-            outs = asyncio.run(_send(cfg, url, model, inputs[:len(times)], times, slo_ms))
-            out[name] = figures(outs, score, slo_ms)
+
+        def send(times: np.ndarray) -> list:
+            return asyncio.run(_send(cfg, url, model, load.inputs[:len(times)], times,
+                                     load.slo_ms))
+
+        send(arr.poisson(min(50.0, 0.2 * len(load.inputs) / WARM_S), duration_s=WARM_S,
+                         seed=99))
+        for name, times in load.traces.items():
+            out[name] = figures(send(times), load.score, load.slo_ms)
             say(f"{cfg.router_policy}: {name}: attainment {out[name]['attainment']:.4f}, "
                 f"accuracy {out[name]['accuracy']}, errors {out[name]['errors']}")
+        if load.faults is not None:
+            outs, info = faults.run_faults(sup, send, load.faults, model, load.workers,
+                                           load.fault_s, say)
+            out[faults.TRACE] = figures(outs, load.score, load.slo_ms) | info | {
+                "timeline": faults.over_time(outs, load.faults, load.score, load.slo_ms)}
+            say(f"{cfg.router_policy}: {faults.TRACE}: attainment "
+                f"{out[faults.TRACE]['attainment']:.4f}")
     finally:
         sup.stop()
     return out
@@ -165,9 +192,15 @@ def run_live(args, say) -> dict[str, Any]:
     traces = {f"bursty {rate:.0f}/s cv2={c:g}": arr.make_arrivals(
         f"bursty:{0.25 * rate:.6g}:variant={0.75 * rate:.6g},cv2={c:g}", duration_s=seconds,
         seed=args.seed) for c in CV2S}
-    n = max(len(t) for t in traces.values())
+    fault_s = FAULT_FACTOR * seconds
+    fault_times = arr.make_arrivals(
+        f"bursty:{0.25 * rate:.6g}:variant={0.75 * rate:.6g},cv2={CV2S[0]:g}",
+        duration_s=fault_s, seed=args.seed + 1) if getattr(args, "faults", False) else None
+    n = max([len(t) for t in traces.values()]
+            + ([len(fault_times)] if fault_times is not None else []))
     say(f"{model}: {n} inputs" + (" and the full model's answers to them" if depth else ""))
     inputs, score = inputs_and_score(base, manifest, args.seed, n)
+    load = Load(traces, inputs, score, slo, workers, fault_times, fault_s)
     root = base.home / "bench-superserve" / model
     shutil.rmtree(root, ignore_errors=True)
     results = {}
@@ -175,18 +208,21 @@ def run_live(args, say) -> dict[str, Any]:
         say(f"{name}: a stack with {workers} workers, router policy {policy}")
         cfg = stack_config(root / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"),
                            base, model, policy, slo)
-        results[name] = run_policy(cfg, model, traces, inputs, score, slo, workers, say, depth)
+        results[name] = run_policy(cfg, model, load, say, depth)
     return {"mode": "live", "machine": machine(), "model": model, "workers": workers,
             "variants": "depth caps (compute mode)" if depth else "subnets",
             "seconds": seconds, "slo_ms": slo, "rate_rps": rate, "capacity_rps": k,
             "traces": {n: len(t) for n, t in traces.items()},
+            "faults": None if fault_times is None else {
+                "requests": len(fault_times), "seconds": fault_s,
+                "kill_plan": faults.kill_plan(model, workers, fault_s)},
             "frontier": [{"subnet": r["subnet"], "agreement": r["agreement"],
                           "latency_ms": r["latency_ms"]} for r in front],
             "results": results}
 
 
 def live_table(doc: dict[str, Any]) -> str:
-    traces = list(doc["traces"])
+    traces = list(doc["traces"]) + ([faults.TRACE] if doc.get("faults") else [])
     lines = [(f"live, {doc['model']}, {doc['workers']} workers, SLO {doc['slo_ms']:.1f} ms, "
              f"offered {doc['rate_rps']:.0f} req/s; attainment / mean accuracy %"),
              "| policy | " + " | ".join(traces) + " |", "|---" * (len(traces) + 1) + "|"]

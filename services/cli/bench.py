@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="requests in flight during the sustained phase")
     # apparate: the replay bench (--trace) or the live one (--live)
     bench.add_argument("--trace", help="apparate: replay trace (.npz) from `offramp trace record`")
-    bench.add_argument("--plot", help="apparate, superserve --sim: plot (.svg; .png: matplotlib)")
+    bench.add_argument("--plot", help="apparate, superserve: plot (.svg; apparate: .png too)")
     bench.add_argument("--arrivals", help="apparate: arrival spec overriding the trace's, e.g. "
                        "poisson:10 (default: the trace's arrival_s, else Poisson light load at "
                        "20%% of the full model's capacity)")
@@ -76,6 +76,10 @@ def superserve_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--rate", type=float, metavar="R",
                        help="superserve live: mean offered rate, req/s (default 0.8 x the "
                        "most accurate variant's profiled capacity, at most 500)")
+    bench.add_argument("--faults", action="store_true",
+                       help="superserve live: also a bursty trace (2 x --seconds) during "
+                       "which each worker is killed in turn and comes back; with --plot, "
+                       "attainment and accuracy per second")
     bench.add_argument("--policies", metavar="P,...",
                        help="superserve live: the policies to run (slackfit, maxacc, maxbatch, "
                        "infaas, clipper+; default all)")

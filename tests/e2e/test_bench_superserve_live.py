@@ -56,6 +56,7 @@ def test_live_bench_serves_an_early_exit_model_by_depth_cap(models_dir, tmp_path
     proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "superserve",
                            "--model", "tiny", "--seconds", "2", "--slo-ms", "2000",
                            "--rate", "100", "--policies", "slackfit,clipper+ most",
+                           "--faults", "--plot", str(tmp_path / "faults.svg"),
                            "--json", str(out)], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -64,11 +65,22 @@ def test_live_bench_serves_an_early_exit_model_by_depth_cap(models_dir, tmp_path
     assert all(r["subnet"].startswith("depth<=") for r in doc["frontier"])
     assert doc["frontier"][-1]["subnet"] == "depth<=final"
     for policy, per in doc["results"].items():
-        for trace, fig in per.items():
+        for trace in doc["traces"]:
+            fig = per[trace]
             assert fig["requests"] == doc["traces"][trace]
             assert fig["attainment"] > 0.9, (policy, trace, fig)
             assert all(v.startswith("depth<=") for v in fig["variants"])
     (fixed,) = [p for p in doc["results"] if p.startswith("clipper+")]
-    for fig in doc["results"][fixed].values():  # the full model answers as itself
+    for trace in doc["traces"]:  # the full model answers as itself
+        fig = doc["results"][fixed][trace]
         assert fig["variants"] == {"depth<=final": fig["requests"]}
         assert fig["accuracy"] >= 0.99
+    # workers killed mid-trace: each policy lost both workers in turn, they came back, and
+    # every request of the trace was answered or refused, none lost
+    for per in doc["results"].values():
+        fig = per["faults"]
+        assert fig["requests"] == doc["faults"]["requests"]
+        assert [k["worker"] for k in fig["kills"]] == ["worker-tiny-s0-r0", "worker-tiny-s0-r1"]
+        assert all(k["pid"] and k["back_after_s"] is not None for k in fig["kills"])
+        assert sum(fig["timeline"]["requests"]) == fig["requests"]
+    assert (tmp_path / "faults.svg").read_text().startswith("<svg")

@@ -11,17 +11,19 @@ answer: agreement with the full model's top-1 on the same input, computed here o
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
 from services.bench.e3_inputs import model_inputs
-from services.exits.depth_caps import cap_accuracy, cap_profile
+from services.exits.depth_caps import SOURCE_MEASURED, cap_accuracy, cap_profile
 from services.exits.initial import initial_ramps
 from services.profiler.latency import from_manifest
 from services.runtime.manifest import Manifest
 
 REF_BATCH = 16
+MEASURE_WAIT_S = 300.0  # the profiler measures a model in well under a minute here
 
 
 def cap_frontier(manifest: Manifest, ramp_budget: float) -> list[dict[str, Any]]:
@@ -58,3 +60,21 @@ def full_labels(model_dir, manifest: Manifest, inputs: list[dict[str, np.ndarray
         out, _none = rt.run_range(0, manifest.num_blocks, x, x, None)
         labels.append(as_numpy(out).argmax(axis=1))
     return np.concatenate(labels)
+
+
+def await_measured_caps(cfg, model: str, timeout_s: float = MEASURE_WAIT_S) -> None:
+    """Wait until the stack's profiler has measured the caps on the workers' device class
+    (the registration's estimates come from the preparing machine) and the router has had
+    time to re-read them, so every policy starts from the same table."""
+    from services.router.service import VARIANT_REFRESH_S
+    from services.store.repository import Store
+
+    deadline = time.monotonic() + timeout_s
+    with Store(cfg.database_url) as store:
+        while {r["source"] for r in store.subnet_profiles(model, pareto=False)} != {
+                SOURCE_MEASURED}:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the profiler measured no depth caps of {model} in "
+                                   f"{timeout_s:.0f} s: see its log")
+            time.sleep(0.5)
+    time.sleep(VARIANT_REFRESH_S + 1.0)

@@ -128,6 +128,8 @@ def run_policy(cfg, model: str, load: Load, say, depth: bool) -> dict:
     try:
         url = sup.start()
         sup.wait_ready(300)
+        if depth:
+            superserve_depth.await_measured_caps(cfg, model)
 
         def send(times: np.ndarray) -> list:
             return asyncio.run(_send(cfg, url, model, load.inputs[:len(times)], times,

@@ -31,7 +31,7 @@ from schemas.messages import ExitConfig
 PREFIX = "depth<="
 FINAL = f"{PREFIX}final"
 SOURCE_PREPARED = "prepare"    # subnet_profiles rows from the manifest (before feedback)
-SOURCE_FEEDBACK = "feedback"   # ... from the monitor's windows and the latency profile
+SOURCE_MEASURED = "profiler"   # ... from the latency profile and the monitor's windows
 
 
 def cap_key(ramp: int | None) -> str:

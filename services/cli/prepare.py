@@ -52,7 +52,7 @@ def run_supernet(args: argparse.Namespace, cfg, say) -> int:
     from services.store.repository import Store
 
     path = prepare_configured(cfg, args.force, say,
-                              Path(args.models_dir) if args.models_dir else None)
+                              Path(args.models_dir) if args.models_dir else None, args.model)
     if not args.no_store:
         cfg.home.mkdir(parents=True, exist_ok=True)
         upgrade(cfg.database_url)

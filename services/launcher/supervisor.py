@@ -91,7 +91,7 @@ def ensure_prepared(cfg: Config, name: str, say=print) -> Path:
     if name in SUPERNETS:  # prepared like the zoo: idempotent, trained once and cached
         from services.prepare.supernet import prepare_configured
 
-        return prepare_configured(cfg, log=say)
+        return prepare_configured(cfg, log=say, name=name)
     model_dir = cfg.models_dir / name
     if load_if_intact(model_dir, name) is None:
         raise SystemExit(f"model {name!r} is neither in the zoo ({', '.join(sorted(ZOO))}) nor "

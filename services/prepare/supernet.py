@@ -1,6 +1,8 @@
-"""``offramp prepare supernet-cnn``: a weight-shared supernet made servable by variant.
+"""``offramp prepare supernet-cnn`` / ``supernet-minilm``: a weight-shared supernet made
+servable by variant.
 
-1. The supernet: trained once and cached (``services.zoo.supernet_cnn``).
+1. The supernet: trained once and cached (``services.zoo.supernet_cnn``, or
+   ``services.zoo.supernet_minilm`` for the transformer made from ``minilm-topics``).
 2. The pareto profile (``services.supernet.search``): candidates calibrated and scored, and
    the frontier timed per batch size on this machine's CPU threads, as a worker runs it.
 3. One artifact, ``supernet-<hash>.pt``, holds the weights, the architecture, and the
@@ -8,6 +10,9 @@
    only block (kind ``supernet``, no ramps) and carries the profile in ``meta``. Like the
    zoo's other models, the folder is content-hashed and reused while the recipe is the
    same.
+
+The manifest's ``meta.family`` (``conv`` or ``transformer``; absent in older conv
+manifests) tells the runtime which supernet the artifact holds.
 
 Registration (``launcher.supervisor.register_prepared``) writes the profile's rows to the
 store's ``subnet_profiles``, where routers read the variants they choose from.
@@ -30,9 +35,10 @@ import torch
 from services.runtime.devices import device_class
 from services.runtime.manifest import BlockSpec, Manifest, TensorSpec
 from services.supernet.operators import norms
-from services.supernet.search import SEARCH_BATCH, Search
+from services.supernet.search import BATCHES, SEARCH_BATCH, Search
 from services.training.adam import torch_threads
-from services.zoo import chain_cnn, supernet_cnn
+from services.zoo import chain_cnn, supernet_cnn, supernet_minilm
+from services.zoo import minilm_topics as mt
 
 KIND = "supernet"
 VERSION = 1   # bump when the artifact layout or the search changes
@@ -47,8 +53,15 @@ class SearchRecipe:
     seed: int = 0
 
 
-def fingerprint(recipe: supernet_cnn.Recipe, search: SearchRecipe, threads: int) -> str:
-    text = json.dumps({"train": recipe.digest(), "search": asdict(search), "threads": threads,
+# The transformer's search: no calibration, every held-out quote (0 = all); 96 subnets of
+# which ~30 fit the 2-minute bound on one thread.
+TEXT_SEARCH = SearchRecipe(random=18, mutations=10, calib=0, held_out=0)
+
+
+def fingerprint(train: str, search: SearchRecipe, threads: int) -> str:
+    """What a prepared copy must match to be reused: ``train`` names the weights (the
+    training recipe's digest, plus the source's content key for the transformer)."""
+    text = json.dumps({"train": train, "search": asdict(search), "threads": threads,
                        "version": VERSION}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -72,7 +85,7 @@ def prepare_supernet(models_dir: Path, force: bool = False, log: Callable[[str],
     recipe); ``threads``: the torch threads a worker serves it with, which its latency
     profile is measured on."""
     target = Path(models_dir) / name
-    fp = fingerprint(recipe, search, threads)
+    fp = fingerprint(recipe.digest(), search, threads)
     if not force and (m := _intact(target, fp)) is not None:
         log(f"reusing {name} {m.version} at {target}")
         return target
@@ -87,52 +100,110 @@ def prepare_supernet(models_dir: Path, force: bool = False, log: Callable[[str],
         scores = Search(net, calib, torch.from_numpy(x), y, log).run(
             search.random, search.mutations, search.seed)
     device = device_class("cpu", threads=threads)
-    manifest = _write(Path(models_dir), target, name, net, scores, device, fp,
-                      {"train": trained_s, "total": time.monotonic() - started})
+    inputs = [TensorSpec("image", "<f4", list(chain_cnn.IMAGE_SHAPE))]
+    manifest = _write(Path(models_dir), target, name, net, scores, device, fp, inputs,
+                      {"family": "conv", "seconds": {"train": trained_s,
+                                                     "total": time.monotonic() - started}})
+    _said(log, name, manifest, scores)
+    return target
+
+
+def _said(log, name: str, manifest: Manifest, scores) -> None:
     front = [s for s in scores if s.pareto]
     log(f"prepared {name} {manifest.version}: {len(scores)} subnets scored, {len(front)} on "
         f"the frontier (agreement {min(s.agreement for s in front):.3f}-"
         f"{max(s.agreement for s in front):.3f}), "
         f"{manifest.meta['seconds']['total']:.0f} s")
+
+
+def prepare_minilm_supernet(models_dir: Path, force: bool = False,
+                            log: Callable[[str], None] = print,
+                            recipe: supernet_minilm.Recipe = supernet_minilm.RECIPE,
+                            search: SearchRecipe = TEXT_SEARCH, threads: int = 1,
+                            cache_dir: Path | None = None, name: str = supernet_minilm.NAME,
+                            source: supernet_minilm.Source | None = None) -> Path:
+    """``prepare_supernet`` for the transformer supernet: made from ``source`` (default
+    ``minilm-topics`` and its splits), scored on the held-out split's quotes, timed on
+    full-length (``SEQ_LEN``) requests as the worker serves them."""
+    target = Path(models_dir) / name
+    key = source.key if source is not None else mt.head_key(mt.corpus())[:16]
+    fp = fingerprint(f"{recipe.digest()}-{key}", search, threads)
+    if not force and (m := _intact(target, fp)) is not None:
+        log(f"reusing {name} {m.version} at {target}")
+        return target
+    started = time.monotonic()
+    log(f"preparing {name} ({supernet_minilm.DESCRIPTION})")
+    net, source = supernet_minilm.build_supernet(cache_dir, recipe, log, source)
+    trained_s = time.monotonic() - started
+    n = search.held_out or len(source.held_labels)
+    held = {k: v[:n] for k, v in source.held.items()}
+    timing = {k: torch.from_numpy(v[:max(BATCHES)]) for k, v in source.held.items()}
+    searched = Search(net, [], held, source.held_labels[:n], log, timing=timing)
+    with torch_threads(threads):
+        scores = searched.run(search.random, search.mutations, search.seed)
+    search_s = time.monotonic() - started - trained_s
+    seq = source.held["input_ids"].shape[1]
+    inputs = [TensorSpec(k, "<i8", [seq]) for k in ("input_ids", "attention_mask")]
+    meta = {"family": "transformer", "teacher": _teacher_row(searched.reference, source, n),
+            "seconds": {"train": trained_s, "search": search_s,
+                        "total": time.monotonic() - started}}
+    manifest = _write(Path(models_dir), target, name, net, scores,
+                      device_class("cpu", threads=threads), fp, inputs, meta)
+    _said(log, name, manifest, scores)
     return target
 
 
+def _teacher_row(largest, source: supernet_minilm.Source, n: int) -> dict:
+    """How the supernet's largest subnet (its top-1 on the first ``n`` held-out rows)
+    compares with the model it was made from, and that model's labelled accuracy."""
+    with torch_threads(1):
+        theirs = source.teacher.predict({k: v[:n] for k, v in source.held.items()},
+                                        source.teacher.space.largest)
+    return {"agreement": float((largest == theirs).mean()),
+            "accuracy": float((theirs == source.held_labels[:n]).mean()), "held_out": n}
+
+
 def prepare_configured(cfg, force: bool = False, log: Callable[[str], None] = print,
-                       models_dir: Path | None = None) -> Path:
-    """``prepare_supernet`` as `offramp prepare` and `offramp up` run it: profiled on the
-    threads a worker of this configuration serves with (``OFFRAMP_ORT_THREADS``, at least
-    one), weights cached under ``$OFFRAMP_HOME/cache``."""
-    return prepare_supernet(models_dir or cfg.models_dir, force=force, log=log,
-                            threads=max(1, cfg.ort_threads), cache_dir=cfg.home / "cache")
+                       models_dir: Path | None = None, name: str = supernet_cnn.NAME) -> Path:
+    """The supernet ``name`` prepared as `offramp prepare` and `offramp up` run it:
+    profiled on the threads a worker of this configuration serves with
+    (``OFFRAMP_ORT_THREADS``, at least one), weights cached under ``$OFFRAMP_HOME/cache``."""
+    prep = prepare_minilm_supernet if name == supernet_minilm.NAME else prepare_supernet
+    return prep(models_dir or cfg.models_dir, force=force, log=log,
+                threads=max(1, cfg.ort_threads), cache_dir=cfg.home / "cache")
 
 
-def _payload(net) -> bytes:
+def _payload(net, served: list[str]) -> bytes:
     buf = io.BytesIO()
     torch.save({"arch": asdict(net.arch), "state": net.state_dict(),
-                "norms": [dict(n.stats) for n in norms(net)]}, buf)
+                "norms": [dict(n.stats) for n in norms(net)], "served": served}, buf)
     return buf.getvalue()
 
 
 def _write(models_dir: Path, target: Path, name: str, net, scores, device: str, fp: str,
-           seconds: dict[str, float]) -> Manifest:
-    data = _payload(net)
+           inputs: list[TensorSpec], meta: dict) -> Manifest:
+    # what the runtime serves: the frontier, and the largest (the model as trained)
+    served = sorted({s.subnet.key for s in scores if s.pareto} | {net.space.largest.key})
+    data = _payload(net, served)
     digest = hashlib.sha256(data).hexdigest()
     file = f"supernet-{digest[:16]}.pt"
     largest = next(s for s in scores if s.subnet == net.space.largest)
     lat = largest.latency_ms or {SEARCH_BATCH: largest.search_ms}
     first = min(lat)
-    block = BlockSpec(0, file, digest, ["image"], [net.arch.classes], cost_ms=lat[first],
+    block = BlockSpec(0, file, digest, [t.name for t in inputs], [net.arch.classes],
+                      cost_ms=lat[first],
                       output_name="logits", cost_by_batch={str(b): ms for b, ms in lat.items()})
     manifest = Manifest(
         name=name, version="", kind=KIND,
-        inputs=[TensorSpec("image", "<f4", list(chain_cnn.IMAGE_SHAPE))],
+        inputs=inputs,
         outputs=[TensorSpec("logits", "<f4", [net.arch.classes])],
         classes=net.arch.classes, blocks=[block], ramps=[],
         base_params=sum(p.numel() for p in net.parameters()), full_ms=lat[first],
         meta={"recipe": fp, "device": device, "arch": asdict(net.arch),
-              "largest": net.space.largest.key, "seconds": seconds,
+              "largest": net.space.largest.key, **meta,
               "subnets": [s.to_dict() for s in scores]})
     manifest.version = manifest.compute_version()
+    models_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=models_dir))
     try:
         tmp.chmod(0o755)

@@ -1,7 +1,8 @@
 """SubNetAct's operators (SuperServe §3.1, App. A.1) in torch: one copy of the supernet's
 weights serves every subnet, and the subnet is an argument of each forward call.
 
-- ``LayerSelect`` runs the first ``depth`` blocks of a stage and skips the rest;
+- ``LayerSelect`` runs ``depth`` blocks of a stage and skips the rest: the first ones
+  (conv stages), or every other one (a transformer's layers, SuperServe §3.1);
 - ``SlicedConv2d`` (WeightSlice for convolutions) runs the first ``out_channels`` filters
   over however many input channels arrive, all read from the full weight tensor;
 - ``SubnetNorm`` is batch norm whose statistics are kept per subnet (its key) while the
@@ -22,18 +23,26 @@ from torch.nn import functional as F
 
 
 class LayerSelect(nn.Module):
-    """A stage's blocks; ``forward(x, depth, *args)`` runs blocks ``0..depth-1`` in order,
-    each called as ``block(x, *args)``."""
+    """A stage's blocks; ``forward(x, depth, *args)`` runs the ``depth`` blocks that
+    ``select(len(blocks), depth)`` names, in order, each called as ``block(x, *args)``.
+    By default the first ``depth`` (a conv stage, as OFA runs it); a transformer's single
+    stage passes the every-other rule (``bert_subnet.kept_layers``)."""
 
-    def __init__(self, blocks: Sequence[nn.Module]) -> None:
+    def __init__(self, blocks: Sequence[nn.Module],
+                 select: Callable[[int, int], Sequence[int]] | None = None) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
+        self.select = select
 
     def forward(self, x: torch.Tensor, depth: int, *args) -> torch.Tensor:
         if not 1 <= depth <= len(self.blocks):
             raise ValueError(f"depth {depth} is outside 1..{len(self.blocks)}")
-        for block in self.blocks[:depth]:
-            x = block(x, *args)
+        if self.select is None:
+            for block in self.blocks[:depth]:
+                x = block(x, *args)
+            return x
+        for i in self.select(len(self.blocks), depth):
+            x = self.blocks[i](x, *args)
         return x
 
 

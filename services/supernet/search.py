@@ -12,18 +12,24 @@ which subnets are worth serving, with their accuracy and their latency per batch
 
 Latencies are medians of repeated runs on this process's threads: a profile of this
 machine, not a model of it.
+
+Any supernet with ``space`` and ``forward(inputs, subnet)`` is searched the same way:
+inputs are a tensor or a mapping of named tensors (a text model's ids and mask). A
+supernet without ``SubnetNorm`` (a transformer: LayerNorm only) needs no calibration; one
+with its own ``predict(inputs, subnet)`` scores with it (a transformer batches by length),
+and a space with its own ``mutate`` mutates with it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch import nn
 
-from services.supernet.conv_supernet import ConvSupernet
 from services.supernet.operators import calibrate, norms
 from services.supernet.subnet import Subnet, SubnetSpace
 
@@ -48,8 +54,13 @@ class SubnetScore:
                 "pareto": self.pareto}
 
 
+def rows(x, n: int):
+    """The first ``n`` rows of a tensor or of every tensor of a mapping."""
+    return {k: v[:n] for k, v in x.items()} if isinstance(x, Mapping) else x[:n]
+
+
 @torch.no_grad()
-def latency_ms(net: ConvSupernet, subnet: Subnet, x: torch.Tensor,
+def latency_ms(net: nn.Module, subnet: Subnet, x: torch.Tensor,
                repeats: int = REPEATS) -> float:
     """Median wall time of one forward of ``x`` through ``subnet`` (after a warm-up)."""
     net(x, subnet)
@@ -62,7 +73,9 @@ def latency_ms(net: ConvSupernet, subnet: Subnet, x: torch.Tensor,
 
 
 @torch.no_grad()
-def predict(net: ConvSupernet, subnet: Subnet, x: torch.Tensor, chunk: int = 256) -> np.ndarray:
+def predict(net: nn.Module, subnet: Subnet, x: torch.Tensor, chunk: int = 256) -> np.ndarray:
+    if hasattr(net, "predict"):
+        return net.predict(x, subnet)
     return torch.cat([net(x[i:i + chunk], subnet).argmax(1)
                       for i in range(0, len(x), chunk)]).numpy()
 
@@ -92,24 +105,26 @@ def mutate(subnet: Subnet, space: SubnetSpace, rng: np.random.Generator) -> Subn
 class Search:
     """One search: the supernet, its calibration batches and held-out inputs."""
 
-    net: ConvSupernet
+    net: nn.Module
     calib: Sequence[torch.Tensor]
     inputs: torch.Tensor
     labels: np.ndarray | None = None
     log: Callable[[str], None] | None = None
+    timing: object = None   # inputs latencies are measured on (default: ``inputs``)
     scores: dict[str, SubnetScore] = field(default_factory=dict)
     reference: np.ndarray | None = None
 
     def score(self, subnet: Subnet) -> SubnetScore:
         if subnet.key in self.scores:
             return self.scores[subnet.key]
-        calibrate(self.net, subnet.key, lambda x: self.net(x, subnet), self.calib)
+        if norms(self.net):
+            calibrate(self.net, subnet.key, lambda x: self.net(x, subnet), self.calib)
         pred = predict(self.net, subnet, self.inputs)
         if self.reference is None:
             self.reference = pred   # the largest subnet is scored first
         acc = None if self.labels is None else float((pred == self.labels).mean())
         s = SubnetScore(subnet, float((pred == self.reference).mean()), acc,
-                        latency_ms(self.net, subnet, self.inputs[:SEARCH_BATCH]))
+                        latency_ms(self.net, subnet, rows(self._timing, SEARCH_BATCH)))
         self.scores[subnet.key] = s
         return s
 
@@ -124,16 +139,23 @@ class Search:
         self._say(f"{len(self.scores)} random candidates scored", started)
         for _ in range(mutations):
             parents = frontier(list(self.scores.values()))
-            self.score(mutate(parents[int(rng.integers(len(parents)))].subnet, space, rng))
+            parent = parents[int(rng.integers(len(parents)))].subnet
+            self.score(space.mutate(parent, rng) if hasattr(space, "mutate")
+                       else mutate(parent, space, rng))
         best = frontier(list(self.scores.values()))
         self._say(f"{len(self.scores)} candidates, {len(best)} on the frontier", started)
         for s in best:
             s.pareto = True
-            s.latency_ms = {b: latency_ms(self.net, s.subnet, self.inputs[:b]) for b in BATCHES}
+            s.latency_ms = {b: latency_ms(self.net, s.subnet, rows(self._timing, b))
+                            for b in BATCHES}
         # the largest stays servable even off the frontier: it is the model as trained,
         # what a batch without a variant runs
         self._drop_stats(keep={s.subnet.key for s in best} | {space.largest.key})
         return sorted(self.scores.values(), key=lambda s: s.search_ms)
+
+    @property
+    def _timing(self):
+        return self.inputs if self.timing is None else self.timing
 
     def _drop_stats(self, keep: set[str]) -> None:
         """Keep normalization statistics of ``keep`` only: what is served."""

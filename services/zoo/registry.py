@@ -244,7 +244,7 @@ ZOO = _Zoo(_FACTORIES)
 # Supernets the project makes: prepared by services.prepare.supernet, served by variant
 # (their own path: no ramps, a torch artifact); named here so the CLI and the launcher
 # know them without importing torch.
-SUPERNETS = ("supernet-cnn",)
+SUPERNETS = ("supernet-cnn", "supernet-minilm")
 
 
 def get_spec(name: str) -> ModelSpec:

@@ -11,6 +11,10 @@ router packs the chosen number of requests in EDF order.
   the slowest at the largest batch; in each bucket, the (variant, batch) with the largest
   batch (then the most accurate); online, the bucket whose pick is closest below theta.
   Below the lowest bucket's pick, the fastest variant's largest batch that fits theta.
+  Where the queue holds fewer requests than the pick's batch (the paper is silent; its
+  queues are long), the batch the queue holds on the most accurate variant that fits
+  theta, if that is more accurate than the pick: a batch that cannot be filled buys no
+  throughput, so its accuracy would be given up for nothing.
 - **MaxBatch**: the largest batch the least accurate variant fits in theta, then the most
   accurate variant that fits that batch.
 - **MaxAcc**: the most accurate variant that fits batch 1 in theta, then its largest
@@ -120,11 +124,25 @@ class SlackFit(SlackDriven):
     table: SlackFitTable = field(init=False)
     _latencies: list[float] = field(init=False)
     _fastest: VariantProfile = field(init=False)
+    _frontier: list[VariantProfile] = field(init=False)
 
     def __post_init__(self) -> None:
         self.table = slackfit_table(self.variants, self.max_batch, self.buckets)
         self._latencies = [c.latency_ms for c in self.table.picks]
         self._fastest = min(self.variants, key=lambda v: (v.latency(1), -v.accuracy))
+        self._frontier = by_accuracy(self.variants, self.max_batch)
+
+    def decide(self, view: QueueView) -> BatchDecision:
+        """SlackFit's pick; but when the queue cannot fill the pick's batch, the batch the
+        queue holds on the most accurate variant that fits the slack: the pick traded
+        accuracy for a batch size that is not there to serve."""
+        theta = theta_ms(view, self.overhead_ms)
+        choice = self.choose(theta)
+        if 0 < view.size < choice.batch:
+            fits = [v for v in self._frontier if v.latency(view.size) <= theta]
+            if fits and fits[-1].accuracy > choice.accuracy:
+                return BatchDecision(view.size, variant=fits[-1].key)
+        return _decide(choice, view)
 
     def choose(self, theta_ms: float) -> Choice:
         i = bisect.bisect_right(self._latencies, theta_ms) - 1

@@ -58,8 +58,9 @@ def test_sim_bench_writes_the_named_keys(supernet_dir, tmp_path):
     assert svg.startswith("<svg") and svg.count("<polyline") >= 4 and "SLO attainment" in svg
     tl = doc["classes"][0]["slackfit_timeline"]["bursty 1K cv2=8"]
     assert set(tl) == {"t", "rate", "attainment", "accuracy", "batch"}
-    # live needs a supernet: a model of another kind is refused with a clear error
-    assert run_superserve(argparse.Namespace(sim=False, model="tiny", json=str(out))) == 2
+    # live needs a prepared model: an unknown one is refused with a clear error
+    assert run_superserve(argparse.Namespace(sim=False, model="no-such-model",
+                                             json=str(out))) == 2
 
 
 def test_exit_depths_of_an_early_exit_model_are_variants(models_dir):

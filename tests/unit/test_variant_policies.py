@@ -73,6 +73,22 @@ def test_slackfit_decision_carries_the_variant_and_packs_what_waits():
     assert sf.decide(view(50.0, size=0)).batch_size == 0
 
 
+def test_slackfit_spends_slack_on_accuracy_when_the_queue_cannot_fill_its_pick():
+    sf = SlackFit([SMALL, MID, LARGE], max_batch=16, buckets=4)
+    # theta 20: the pick is small x 16 (17 ms). Three requests wait: large x 3 takes 11 ms
+    d = sf.decide(view(20.0, size=3))
+    assert (d.batch_size, d.variant) == (3, "large")
+    # eight wait: large x 8 (26 ms) misses, mid x 8 (18 ms) fits
+    d = sf.decide(view(20.0, size=8))
+    assert (d.batch_size, d.variant) == (8, "mid")
+    # the queue fills the pick: SlackFit's rule as is
+    d = sf.decide(view(20.0, size=40))
+    assert (d.batch_size, d.variant) == (16, "small")
+    # nothing more accurate fits the queue's batch: the pick, packed with what waits
+    d = sf.decide(view(10.0, size=5))       # small x 9 is the pick; mid x 5 = 12 ms
+    assert (d.batch_size, d.variant) == (5, "small")
+
+
 @pytest.mark.parametrize(("theta", "want"), [
     (60.0, ("large", 16)), (45.0, ("small", 16)), (20.0, ("small", 16)),
     (8.0, ("small", 7)), (1.0, ("small", 1))])

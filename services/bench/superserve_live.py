@@ -159,8 +159,11 @@ def inputs_and_score(base, manifest: Manifest, seed: int, n: int):
     caps whether the answer is the full model's (measured here on the same inputs)."""
     if manifest.kind == "supernet":
         accuracy = {r["subnet"]: r["agreement"] for r in manifest.meta["subnets"]}
-        images = chain_cnn.sample_inputs(n, seed)["image"]
-        return [{"image": x} for x in images], lambda o: accuracy.get(o.variant, np.nan)
+        if manifest.meta.get("family", "conv") == "conv":  # chain-cnn's data it trained on
+            inputs = [{"image": x} for x in chain_cnn.sample_inputs(n, seed)["image"]]
+        else:  # its model inputs' workload, e.g. the text stream of minilm-topics
+            inputs = superserve_depth.bench_inputs(manifest, n, seed)
+        return inputs, lambda o: accuracy.get(o.variant, np.nan)
     inputs = superserve_depth.bench_inputs(manifest, n, seed)
     ref = superserve_depth.full_labels(base.models_dir / manifest.name, manifest, inputs)
     return inputs, lambda o: float(o.label == ref[o.index])

@@ -47,6 +47,7 @@ POLL_S = 30.0
 FAILED_RETRY_S = 600.0  # a model that failed to profile is tried again after this
 GRACE_S = 5.0  # routers flush request records within a second or two; 5 s leaves margin
 CATCH_UP_WINDOWS = 30  # a (re)started profiler profiles at most this many past windows
+CAP_POLL_S = 2.0  # depth caps follow a new latency profile or exit config within this
 
 
 def expected_keys(manifest: dict[str, Any], batch_sizes: tuple[int, ...]) -> set[tuple]:
@@ -286,8 +287,7 @@ async def serve_profiler(cfg: Config, stop: asyncio.Event, poll_s: float = POLL_
     profiler = Profiler(cfg, store, log)
     batch = asyncio.ensure_future(asyncio.gather(
         batch_profiles(BatchProfiler(store, log, cfg.profile_window_s), stop, log),
-        cap_profiles(CapProfiler(store, log, profiler.device), stop, cfg.profile_window_s,
-                     log)))
+        cap_profiles(CapProfiler(store, log, profiler.device), stop, CAP_POLL_S, log)))
     log.info("profiler ready %s", logs.kv(device=profiler.device, poll_s=poll_s,
                                            window_s=cfg.profile_window_s))
     try:

@@ -50,7 +50,7 @@ from services.router.workers import Inflight, WorkerRegistry
 SWEEP_S = 0.05
 METER_S = 0.25               # how often the answers seen are counted in the metrics
 DISPATCH_RETRY_S = 0.05      # after a dispatch pass failed unexpectedly
-VARIANT_REFRESH_S = 10.0     # variant tables are re-read this often (the profiler moves them)
+VARIANT_REFRESH_S = 2.0      # variant tables are re-read this often (the profiler moves them)
 
 
 @dataclass

@@ -84,3 +84,27 @@ def test_live_bench_serves_an_early_exit_model_by_depth_cap(models_dir, tmp_path
         assert all(k["pid"] and k["back_after_s"] is not None for k in fig["kills"])
         assert sum(fig["timeline"]["requests"]) == fig["requests"]
     assert (tmp_path / "faults.svg").read_text().startswith("<svg")
+
+
+def test_live_bench_serves_efficientnet_at_a_fixed_depth_cap(models_dir, tmp_path):
+    """A real early-exit model through the stack at its shallowest depth cap: every answer
+    names that cap, scored against the full model on the same frames."""
+    out = tmp_path / "live.json"
+    env = {**os.environ, "OFFRAMP_HOME": str(tmp_path / "home"),
+           "OFFRAMP_MODELS_DIR": str(models_dir)}
+    env.pop("OFFRAMP_NATS_URL", None)
+    env.pop("OFFRAMP_DATABASE_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "superserve",
+                           "--model", "efficientnet-lite0", "--seconds", "2",
+                           "--slo-ms", "5000", "--rate", "20", "--policies",
+                           "clipper+ fastest", "--json", str(out)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    cap = doc["frontier"][0]["subnet"]
+    assert cap.startswith("depth<=") and cap != "depth<=final"
+    (policy,) = doc["results"]
+    for trace, fig in doc["results"][policy].items():
+        assert fig["requests"] == doc["traces"][trace]
+        assert fig["variants"] == {cap: fig["requests"]}, fig
+        assert fig["accuracy"] is not None and fig["attainment"] > 0.9

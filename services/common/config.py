@@ -61,6 +61,10 @@ class Config:
     # variant=KEY (Clipper+: that one variant); models without profiles batch as fixed
     router_policy: str = "fixed"
     variant_overhead_ms: float = 5.0  # taken off a request's slack: the hops besides compute
+    # a variant batch's profiled time may fill the slack divided by this (and by the live
+    # slowdown): live batch times scatter around their mean, and SlackFit spends all the
+    # slack it is given, so without headroom its answers land at the SLO's edge
+    variant_headroom: float = 1.5
 
     def as_env(self) -> dict[str, str]:
         """The environment a child service needs to see this same configuration."""
@@ -99,6 +103,7 @@ class Config:
             "OFFRAMP_METRICS_BIND": self.metrics_bind,
             "OFFRAMP_ROUTER_POLICY": self.router_policy,
             "OFFRAMP_VARIANT_OVERHEAD_MS": str(self.variant_overhead_ms),
+            "OFFRAMP_VARIANT_HEADROOM": str(self.variant_headroom),
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
@@ -206,6 +211,7 @@ def _load() -> Config:
         if os.environ.get("OFFRAMP_NATS_CREDENTIALS") else None,
         router_policy=_router_policy(_env("OFFRAMP_ROUTER_POLICY", "fixed")),
         variant_overhead_ms=_non_negative_float("OFFRAMP_VARIANT_OVERHEAD_MS", "5"),
+        variant_headroom=_at_least_one("OFFRAMP_VARIANT_HEADROOM", "1.5"),
     )
 
 
@@ -244,6 +250,13 @@ def _non_negative_float(name: str, default: str) -> float:
         raise ConfigError(f"{name}={text!r}: not a number") from None
     if not value >= 0 or value == float("inf"):
         raise ConfigError(f"{name}={value}: must be a finite number >= 0")
+    return value
+
+
+def _at_least_one(name: str, default: str) -> float:
+    value = _non_negative_float(name, default)
+    if value < 1:
+        raise ConfigError(f"{name}={value}: must be >= 1 (1: no headroom)")
     return value
 
 

@@ -342,8 +342,11 @@ class Router:
                 return None  # woken again by a heartbeat or a released credit
             now = time.monotonic()
             policy = state.policy or self.policy
-            decision = policy.decide(admission.queue_view(state.queue, now, state.service_ms,
-                                                          state.slowdown))
+            # variant policies fit profiled times into the slack over the live slowdown,
+            # with headroom for the scatter around it (the fixed policy reads neither)
+            decision = policy.decide(admission.queue_view(
+                state.queue, now, state.service_ms,
+                state.slowdown * self.cfg.variant_headroom))
             if decision.batch_size <= 0:
                 return admission.reask_after_s(decision.wait_ms)
             # requests of one batch are stacked, so they share the head's input sizes

@@ -25,6 +25,16 @@ def test_bad_settings_are_config_errors_that_name_the_variable(monkeypatch):
         config_mod.load()
 
 
+def test_variant_headroom_defaults_reaches_children_and_refuses_below_one(monkeypatch):
+    monkeypatch.delenv("OFFRAMP_VARIANT_HEADROOM", raising=False)
+    assert config_mod.load().variant_headroom == 1.5
+    monkeypatch.setenv("OFFRAMP_VARIANT_HEADROOM", "2")
+    assert config_mod.load().as_env()["OFFRAMP_VARIANT_HEADROOM"] == "2.0"
+    monkeypatch.setenv("OFFRAMP_VARIANT_HEADROOM", "0.9")
+    with pytest.raises(config_mod.ConfigError, match="OFFRAMP_VARIANT_HEADROOM"):
+        config_mod.load()
+
+
 @pytest.mark.parametrize(("setting", "deployment", "workers", "want"), [
     ("auto", Deployment(("m",)), 1, "on"),
     ("auto", Deployment(("m",), cuts={"m": [4]}), 2, "off"),

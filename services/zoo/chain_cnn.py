@@ -47,8 +47,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -61,6 +59,7 @@ from torch.nn import functional as F
 
 from services.common import config
 from services.training.adam import Adam, torch_threads
+from services.training.checkpoint import save_state
 from services.workloads.frames import PHOTO_SHORT_SIDE, to_rgb01
 
 PHOTOS = (
@@ -424,16 +423,7 @@ def build_model(cache_dir: Path | None = None, recipe: Recipe = RECIPE) -> Chain
         except Exception as exc:  # noqa: BLE001 - a torn or stale file: train again
             _log.warning("chain_cnn: unreadable cache %s (%s); training again", path, exc)
     model = train(recipe)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(model.state_dict(), tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600
-        os.replace(tmp, path)  # atomic: concurrent builders never see a partial file
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    save_state(model, path)
     return model
 
 

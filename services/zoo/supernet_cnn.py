@@ -22,8 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -36,6 +34,7 @@ from torch.nn import functional as F
 from services.common import config
 from services.supernet.conv_supernet import ConvArch, ConvSupernet
 from services.training.adam import Adam, torch_threads
+from services.training.checkpoint import save_state
 from services.zoo import chain_cnn
 
 NAME = "supernet-cnn"
@@ -147,14 +146,5 @@ def build_supernet(cache_dir: Path | None = None, recipe: Recipe = RECIPE,
         except Exception as exc:  # noqa: BLE001 - a torn or stale file: train again
             _log.warning("%s: unreadable cache %s (%s); training again", NAME, path, exc)
     net = train(recipe, teacher, log)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(net.state_dict(), tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)   # atomic: concurrent builders never see a partial file
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    save_state(net, path)
     return net

@@ -29,8 +29,6 @@ import copy
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
@@ -49,6 +47,7 @@ from services.supernet.bert_training import (
     rewire,
 )
 from services.training.adam import torch_threads
+from services.training.checkpoint import save_state
 from services.zoo import minilm_topics as mt
 
 NAME = "supernet-minilm"
@@ -184,18 +183,5 @@ def build_supernet(cache_dir: Path | None = None, recipe: Recipe = RECIPE,
         except Exception as exc:  # noqa: BLE001 - a torn or stale file: make it again
             _log.warning("%s: unreadable cache %s (%s); making it again", NAME, path, exc)
     net = train(recipe, source, log)
-    _save(net, path)
+    save_state(net, path)
     return net, source
-
-
-def _save(net: BertSupernet, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(net.state_dict(), tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)   # atomic: concurrent builders never see a partial file
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

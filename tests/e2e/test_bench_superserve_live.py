@@ -17,18 +17,24 @@ from tests.e2e.conftest import REPO
 pytestmark = pytest.mark.e2e
 
 
-def test_live_bench_serves_every_policy(supernet_dir, tmp_path):
+def bench_live(models_dir, tmp_path, *args: str) -> dict:
+    """Run `offramp bench superserve ARGS --json OUT` on a private home and models folder;
+    its JSON."""
     out = tmp_path / "live.json"
     env = {**os.environ, "OFFRAMP_HOME": str(tmp_path / "home"),
-           "OFFRAMP_MODELS_DIR": str(supernet_dir)}
+           "OFFRAMP_MODELS_DIR": str(models_dir)}
     env.pop("OFFRAMP_NATS_URL", None)
     env.pop("OFFRAMP_DATABASE_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "superserve",
-                           "--model", SUPERNET_TINY, "--seconds", "2", "--slo-ms", "2000",
-                           "--policies", "slackfit,clipper+ most", "--json", str(out)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "superserve", *args,
+                           "--json", str(out)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_live_bench_serves_every_policy(supernet_dir, tmp_path):
+    doc = bench_live(supernet_dir, tmp_path, "--model", SUPERNET_TINY, "--seconds", "2",
+                     "--slo-ms", "2000", "--policies", "slackfit,clipper+ most")
     assert doc["mode"] == "live" and doc["model"] == SUPERNET_TINY
     served = {r["subnet"] for r in doc["frontier"]}
     assert "slackfit" in doc["results"] and "maxacc" not in doc["results"]
@@ -48,19 +54,9 @@ def test_live_bench_serves_every_policy(supernet_dir, tmp_path):
 def test_live_bench_serves_an_early_exit_model_by_depth_cap(models_dir, tmp_path):
     """The tiny early-exit model in compute mode: its depth caps are the variants, and
     each answer is scored against the full model's on the same input."""
-    out = tmp_path / "live.json"
-    env = {**os.environ, "OFFRAMP_HOME": str(tmp_path / "home"),
-           "OFFRAMP_MODELS_DIR": str(models_dir)}
-    env.pop("OFFRAMP_NATS_URL", None)
-    env.pop("OFFRAMP_DATABASE_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "superserve",
-                           "--model", "tiny", "--seconds", "2", "--slo-ms", "2000",
-                           "--rate", "100", "--policies", "slackfit,clipper+ most",
-                           "--faults", "--plot", str(tmp_path / "faults.svg"),
-                           "--json", str(out)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    doc = bench_live(models_dir, tmp_path, "--model", "tiny", "--seconds", "2", "--slo-ms",
+                     "2000", "--rate", "100", "--policies", "slackfit,clipper+ most",
+                     "--faults", "--plot", str(tmp_path / "faults.svg"))
     assert doc["variants"] == "depth caps (compute mode)"
     assert all(r["subnet"].startswith("depth<=") for r in doc["frontier"])
     assert doc["frontier"][-1]["subnet"] == "depth<=final"
@@ -89,18 +85,8 @@ def test_live_bench_serves_an_early_exit_model_by_depth_cap(models_dir, tmp_path
 def test_live_bench_serves_efficientnet_at_a_fixed_depth_cap(models_dir, tmp_path):
     """A real early-exit model through the stack at its shallowest depth cap: every answer
     names that cap, scored against the full model on the same frames."""
-    out = tmp_path / "live.json"
-    env = {**os.environ, "OFFRAMP_HOME": str(tmp_path / "home"),
-           "OFFRAMP_MODELS_DIR": str(models_dir)}
-    env.pop("OFFRAMP_NATS_URL", None)
-    env.pop("OFFRAMP_DATABASE_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "superserve",
-                           "--model", "efficientnet-lite0", "--seconds", "2",
-                           "--slo-ms", "5000", "--rate", "20", "--policies",
-                           "clipper+ fastest", "--json", str(out)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    doc = bench_live(models_dir, tmp_path, "--model", "efficientnet-lite0", "--seconds", "2",
+                     "--slo-ms", "5000", "--rate", "20", "--policies", "clipper+ fastest")
     cap = doc["frontier"][0]["subnet"]
     assert cap.startswith("depth<=") and cap != "depth<=final"
     (policy,) = doc["results"]

@@ -80,16 +80,20 @@ def updated_service_ms(service_ms: float, elapsed_ms: float) -> float:
 
 
 def queue_view(queue: EDFQueue, now: float, service_ms: float,
-               slowdown: float = 1.0) -> QueueView:
+               slowdown: float = 1.0, workers: int = 1, urgent: int = 0) -> QueueView:
     """What the batching policy sees of a non-empty queue; the slack already has the
-    service estimate taken off, so 0 means dispatch now or miss the earliest deadline."""
+    service estimate taken off, so 0 means dispatch now or miss the earliest deadline.
+    ``urgent``: how many of the earliest deadlines to show (variant policies weigh what a
+    batch would save)."""
     head = queue.peek()
     assert head is not None, "queue_view of an empty queue"
     oldest = queue.oldest_arrival() or now
     left_ms = (head.deadline - now) * 1e3
     return QueueView(size=len(queue), oldest_wait_ms=(now - oldest) * 1e3,
                      min_slack_ms=left_ms - service_ms, deadline_ms=left_ms,
-                     slowdown=slowdown)
+                     slowdown=slowdown, workers=max(1, workers),
+                     deadlines_ms=tuple((d - now) * 1e3
+                                        for d in queue.earliest_deadlines(urgent)))
 
 
 SLOWDOWN_RANGE = (1.0, 10.0)  # live over profiled batch time: never read as faster than

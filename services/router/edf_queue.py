@@ -65,5 +65,9 @@ class EDFQueue:
         self._heap.clear()
         return out
 
+    def earliest_deadlines(self, n: int) -> list[float]:
+        """The deadlines of the ``n`` most urgent requests, earliest first."""
+        return [e[0] for e in heapq.nsmallest(n, self._heap)] if n > 0 else []
+
     def oldest_arrival(self) -> float | None:
         return min((e[2].arrival for e in self._heap), default=None)

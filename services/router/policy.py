@@ -19,6 +19,9 @@ class QueueView:
     deadline_ms: float = float("inf")  # time left before the earliest deadline (slack-driven
     # variant policies subtract their own, per-variant, batch time)
     slowdown: float = 1.0    # live batch times over profiled ones (variant policies scale by it)
+    workers: int = 1         # workers serving the queue (variant policies drain it over them)
+    deadlines_ms: tuple[float, ...] = ()  # time left before the deadlines of the most urgent
+    # requests, earliest first (a batch's worth; empty: read as the earliest one's)
 
 
 @dataclass(frozen=True, slots=True)

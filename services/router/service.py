@@ -343,10 +343,13 @@ class Router:
             now = time.monotonic()
             policy = state.policy or self.policy
             # variant policies fit profiled times into the slack over the live slowdown,
-            # with headroom for the scatter around it (the fixed policy reads neither)
+            # with headroom for the scatter around it, and drain the queue over the
+            # first-stage workers (the fixed policy reads none of these)
             decision = policy.decide(admission.queue_view(
                 state.queue, now, state.service_ms,
-                state.slowdown * self.cfg.variant_headroom))
+                state.slowdown * self.cfg.variant_headroom,
+                self.registry.stage0_count(model),
+                self.cfg.max_batch if state.policy else 0))
             if decision.batch_size <= 0:
                 return admission.reask_after_s(decision.wait_ms)
             # requests of one batch are stacked, so they share the head's input sizes

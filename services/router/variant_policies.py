@@ -11,6 +11,9 @@ router packs the chosen number of requests in EDF order.
   the slowest at the largest batch; in each bucket, the (variant, batch) with the largest
   batch (then the most accurate); online, the bucket whose pick is closest below theta.
   Below the lowest bucket's pick, the fastest variant's largest batch that fits theta.
+  Where the queue outlasts one batch round over the workers (the paper is silent; its
+  queues sit in front of many workers), the pick whose rounds drain the whole queue
+  closest below theta; if none does, the choice saving the most requests per ms.
   Where the queue holds fewer requests than the pick's batch (the paper is silent; its
   queues are long), the batch the queue holds on the most accurate variant that fits
   theta, if that is more accurate than the pick: a batch that cannot be filled buys no
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -137,12 +140,38 @@ class SlackFit(SlackDriven):
         queue holds on the most accurate variant that fits the slack: the pick traded
         accuracy for a batch size that is not there to serve."""
         theta = theta_ms(view, self.overhead_ms)
-        choice = self.choose(theta)
+        choice = self.drain_choice(view)
         if 0 < view.size < choice.batch:
             fits = [v for v in self._frontier if v.latency(view.size) <= theta]
             if fits and fits[-1].accuracy > choice.accuracy:
                 return BatchDecision(view.size, variant=fits[-1].key)
         return _decide(choice, view)
+
+    def drain_choice(self, view: QueueView) -> Choice:
+        """The pick whose time to drain the queue (its rounds over the workers, each the
+        pick's batch time) is closest below theta. When no pick drains it in time, the
+        choice that saves the most requests per ms of worker time: a burst lost to a run
+        of small batches, each just in time for its head, is lost whole."""
+        theta = theta_ms(view, self.overhead_ms)
+        size, workers = view.size, max(1, view.workers)
+        if size <= 0:
+            return self.choose(theta)
+        def drain(c: Choice) -> float:
+            return -(-size // (c.batch * workers)) * c.latency_ms
+        fits = [c for c in self.table.picks if drain(c) <= theta]
+        if fits:
+            return max(fits, key=lambda c: (drain(c), c.accuracy))
+        slack = sorted(theta_ms(replace(view, deadline_ms=d), self.overhead_ms)
+                       for d in view.deadlines_ms) or [theta]
+        def saved_per_ms(c: Choice) -> float:
+            batch = min(c.batch, size)
+            met = sum(1 for s in slack[:batch] if s >= c.latency_ms)
+            if len(slack) < batch and slack[-1] >= c.latency_ms:
+                met += batch - len(slack)  # unseen requests: no earlier than the last seen
+            return met / c.latency_ms
+        head = self.choose(theta)
+        return max([head, *self.table.picks],
+                   key=lambda c: (saved_per_ms(c), c is head, c.accuracy))
 
     def choose(self, theta_ms: float) -> Choice:
         i = bisect.bisect_right(self._latencies, theta_ms) - 1

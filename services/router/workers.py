@@ -103,7 +103,10 @@ class WorkerRegistry:
         return all(s in stages for s in range(stages[0]))
 
     def has_stage0(self, model: str) -> bool:
-        return any(w.model == model and w.stage == 0 for w in self.workers.values())
+        return self.stage0_count(model) > 0
+
+    def stage0_count(self, model: str) -> int:
+        return sum(w.model == model and w.stage == 0 for w in self.workers.values())
 
     def release(self, worker: str, batch_id: str) -> Inflight | None:
         state = self.workers.get(worker)

@@ -75,6 +75,7 @@ def simulate(policy: Policy, variants: Mapping[str, VariantProfile], arrivals: n
     free = [(0.0, w) for w in range(workers)]
     starts, sizes, names = [], [], []
     nxt, faults, clock = 0, sorted(faults), 0.0
+    view_batch = getattr(policy, "max_batch", 16)
     while free and (nxt < n or queue):
         t, w = heapq.heappop(free)
         t = max(t, clock)   # an idle worker acts no earlier than what already happened
@@ -98,7 +99,10 @@ def simulate(policy: Policy, variants: Mapping[str, VariantProfile], arrivals: n
             continue
         head = queue[0][0]
         left_ms = (head - t) * 1e3
-        d = policy.decide(QueueView(len(queue), 0.0, left_ms, left_ms))
+        urgent = tuple((d - t) * 1e3 for d, _ in heapq.nsmallest(view_batch, queue))
+        d = policy.decide(QueueView(len(queue), 0.0, left_ms, left_ms,
+                                    workers=max(1, alive_at(faults, workers, t)),
+                                    deadlines_ms=urgent))
         take = [heapq.heappop(queue)[1] for _ in range(min(max(1, d.batch_size), len(queue)))]
         v = variants[d.variant] if d.variant is not None else next(iter(variants.values()))
         end = t + v.latency(len(take)) / 1e3

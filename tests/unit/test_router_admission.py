@@ -96,6 +96,18 @@ def test_queue_view():
     assert view.min_slack_ms == pytest.approx(150.0)     # 200 ms to the head's deadline - 50
 
 
+def test_queue_view_shows_the_workers_and_the_most_urgent_deadlines():
+    q = EDFQueue(limit=10)
+    for i, d in enumerate((10.5, 10.2, 10.9, 10.3)):
+        q.push(_p(i, deadline=d, arrival=9.9))
+    view = adm.queue_view(q, now=10.0, service_ms=50.0, workers=3, urgent=3)
+    assert view.workers == 3
+    assert view.deadlines_ms == pytest.approx((200.0, 300.0, 500.0))
+    assert adm.queue_view(q, now=10.0, service_ms=50.0).deadlines_ms == ()
+    assert adm.queue_view(q, now=10.0, service_ms=50.0, workers=0).workers == 1
+    assert len(q) == 4   # looked at, not taken
+
+
 def test_queue_view_negative_slack_when_head_cannot_make_it():
     q = EDFQueue(limit=10)
     q.push(_p(0, deadline=10.03, arrival=10.0))

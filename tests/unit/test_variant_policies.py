@@ -138,10 +138,43 @@ def test_measured_dips_read_flat_and_pareto_compares_whole_curves():
     assert [v.key for v in pareto([slow, LARGE])] == ["large"]
 
 
+def drained(theta_ms: float, size: int, workers: int, deadlines=()) -> QueueView:
+    return QueueView(size=size, oldest_wait_ms=0.0, min_slack_ms=0.0, deadline_ms=theta_ms,
+                     workers=workers, deadlines_ms=tuple(deadlines))
+
+
+@pytest.mark.parametrize(("size", "workers", "want"), [
+    (12, 1, ("large", 12)),   # one round: SlackFit's own pick (38 ms <= 45)
+    (16, 1, ("small", 13)),   # large x 12 takes two rounds (76 ms); small x 13 28 ms
+    # 40 on two workers: two rounds. large x 12 would drain at 76 ms; small x 16 at 34 ms,
+    # closest below 45 (small x 13 drains at 28)
+    (40, 2, ("small", 16)),
+    (40, 4, ("large", 12)),   # four workers clear it in one round of large x 12
+])
+def test_slackfit_drains_the_queue_over_the_workers(size, workers, want):
+    sf = SlackFit([SMALL, LARGE], max_batch=16, buckets=4)
+    d = sf.decide(drained(45.0, size, workers))
+    assert (d.variant, d.batch_size) == want
+
+
+def test_slackfit_saves_the_most_requests_per_ms_when_nothing_drains_in_time():
+    sf = SlackFit([SMALL, LARGE], max_batch=16, buckets=4)
+    # 100 wait, the head has 3 ms. Its own pick, small x 2 (3 ms), saves 0.67 per ms;
+    # small x 16 (17 ms) loses the head and saves the 15 behind it, which have 20 ms
+    d = sf.decide(drained(3.0, 100, 1, [3.0] + [20.0] * 15))
+    assert (d.variant, d.batch_size) == ("small", 16)
+    # the same queue where everyone is as late as the head: only the head's pick saves any
+    d = sf.decide(drained(3.0, 100, 1, [3.0] * 16))
+    assert (d.variant, d.batch_size) == ("small", 2)
+    # unseen deadlines read as the last seen one's
+    d = sf.decide(drained(3.0, 100, 1, [3.0, 20.0]))
+    assert (d.variant, d.batch_size) == ("small", 16)
+
+
 def test_a_live_slowdown_shrinks_the_slack_in_profile_time():
     sf = SlackFit([SMALL, LARGE], max_batch=16, buckets=4)
-    calm = QueueView(size=100, oldest_wait_ms=0.0, min_slack_ms=0.0, deadline_ms=50.0)
-    slow = QueueView(size=100, oldest_wait_ms=0.0, min_slack_ms=0.0, deadline_ms=50.0,
+    calm = QueueView(size=16, oldest_wait_ms=0.0, min_slack_ms=0.0, deadline_ms=50.0)
+    slow = QueueView(size=16, oldest_wait_ms=0.0, min_slack_ms=0.0, deadline_ms=50.0,
                      slowdown=2.5)
     assert sf.decide(calm).variant == "large"          # theta 50: large x 16
     d = sf.decide(slow)                                  # theta 20 in profile time

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -161,14 +161,13 @@ class SlackFit(SlackDriven):
         fits = [c for c in self.table.picks if drain(c) <= theta]
         if fits:
             return max(fits, key=lambda c: (drain(c), c.accuracy))
-        slack = sorted(theta_ms(replace(view, deadline_ms=d), self.overhead_ms)
-                       for d in view.deadlines_ms) or [theta]
+        scale = max(view.slowdown, 1e-6)
+        slack = sorted((d - self.overhead_ms) / scale for d in view.deadlines_ms) or [theta]
         def saved_per_ms(c: Choice) -> float:
-            batch = min(c.batch, size)
-            met = sum(1 for s in slack[:batch] if s >= c.latency_ms)
-            if len(slack) < batch and slack[-1] >= c.latency_ms:
-                met += batch - len(slack)  # unseen requests: no earlier than the last seen
-            return met / c.latency_ms
+            # requests that miss are a prefix of the EDF order; unseen ones (beyond the
+            # view) are due no earlier than the last one seen
+            late = bisect.bisect_left(slack, c.latency_ms)
+            return 0.0 if late >= len(slack) else max(0, min(c.batch, size) - late) / c.latency_ms
         head = self.choose(theta)
         return max([head, *self.table.picks],
                    key=lambda c: (saved_per_ms(c), c is head, c.accuracy))

@@ -4,7 +4,7 @@ early-exit model's depth caps, on this machine, on the same bursty arrivals (Sup
 
     offramp bench superserve --json OUT [--model supernet-cnn|efficientnet-lite0|...]
         [--workers 2] [--seconds 20] [--seed 0] [--slo-ms MS] [--rate R]
-        [--policies slackfit,maxacc,maxbatch,infaas,clipper+]
+        [--policies slackfit,maxacc,maxbatch,infaas,clipper+,variant=KEY]
 
 An early-exit model runs in compute mode with the depth caps its stack registers as the
 variants (:mod:`services.bench.superserve_depth`); its accuracy is measured per answer
@@ -170,15 +170,27 @@ def inputs_and_score(base, manifest: Manifest, seed: int, n: int):
 
 
 def chosen_policies(front: list[dict[str, Any]], wanted: str | None) -> dict[str, str]:
+    """The policies ``--policies`` names (name prefixes, or ``variant=KEY`` for Clipper+ on
+    any frontier subnet); all of them without it."""
     chosen = live_policies(front)
-    if wanted:
-        names = [w.strip() for w in wanted.split(",") if w.strip()]
-        unknown = [w for w in names if not any(n.startswith(w) for n in chosen)]
-        if unknown:
-            raise ValueError(f"--policies: unknown {unknown}; known: slackfit, maxacc, "
-                             "maxbatch, infaas, clipper+")
-        chosen = {n: p for n, p in chosen.items() if any(n.startswith(w) for w in names)}
-    return chosen
+    if not wanted:
+        return chosen
+    agreement = {r["subnet"]: r["agreement"] for r in front}
+    out: dict[str, str] = {}
+    for w in (w.strip() for w in wanted.split(",")):
+        if w.startswith("variant="):
+            key = w.removeprefix("variant=")
+            if key not in agreement:
+                raise ValueError(f"--policies: {w}: not on the frontier; it holds "
+                                 f"{', '.join(agreement)}")
+            out[f"clipper+ {key} ({100 * agreement[key]:.2f})"] = w
+            continue
+        hits = {n: p for n, p in chosen.items() if w and n.startswith(w)}
+        if w and not hits:
+            raise ValueError(f"--policies: unknown {w!r}; known: slackfit, maxacc, maxbatch, "
+                             "infaas, clipper+, variant=KEY")
+        out.update(hits)
+    return out
 
 
 def run_live(args, say) -> dict[str, Any]:

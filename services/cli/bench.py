@@ -82,7 +82,8 @@ def superserve_arguments(bench: argparse.ArgumentParser) -> None:
                        "attainment and accuracy per second")
     bench.add_argument("--policies", metavar="P,...",
                        help="superserve live: the policies to run (slackfit, maxacc, maxbatch, "
-                       "infaas, clipper+; default all)")
+                       "infaas, clipper+, variant=KEY for Clipper+ on any frontier subnet; "
+                       "default all)")
 
 
 def e3_arguments(bench: argparse.ArgumentParser) -> None:

@@ -123,6 +123,20 @@ def payload_batch_cap(batch_size: int, sample_bytes: int, max_payload: int) -> i
     return max(1, min(batch_size, budget // (sample_bytes + SAMPLE_ENVELOPE_BYTES)))
 
 
+def dispatch_estimate_ms(measured_ms: float, busy: bool, profiled, size: int,
+                         slowdown: float, overhead_ms: float) -> float:
+    """How long a batch about to go out should take, for screening out requests it cannot
+    save. ``measured_ms``: the EWMA of recent batches. A variant batch's own profiled time
+    (``profiled``: its ``VariantProfile``) at the live slowdown, plus the hops, is the
+    better guess: the EWMA mixes every variant's batches, and a fast variant chosen for a
+    late queue would have its requests refused on the slow ones' mean. Behind a batch the
+    worker already runs (``busy``), the EWMA is added."""
+    if profiled is None:
+        return measured_ms
+    own = profiled.latency(size) * slowdown + overhead_ms
+    return own + measured_ms if busy else own
+
+
 def can_finish_in_time(now: float, deadline: float, service_ms: float) -> bool:
     return now + service_ms / 1000.0 <= deadline
 

@@ -356,7 +356,10 @@ class Router:
             sample_bytes = sum(a.nbytes for a in state.queue.peek().inputs.values())
             size = admission.payload_batch_cap(decision.batch_size, sample_bytes,
                                                self.nc.max_payload)
-            estimate = state.service_ms if worker.inflight else state.alone_ms
+            estimate = admission.dispatch_estimate_ms(
+                state.service_ms if worker.inflight else state.alone_ms, bool(worker.inflight),
+                state.variants.get(decision.variant) if decision.variant else None, size,
+                state.slowdown, self.cfg.variant_overhead_ms)
             screened = admission.screen_for_dispatch(state.queue.pop(size), now, estimate)
             for entry, refusal in screened.refuse:
                 self.reply_error(entry, refusal.code, refusal.message)

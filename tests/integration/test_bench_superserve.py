@@ -7,6 +7,8 @@ import argparse
 import itertools
 import json
 
+import pytest
+
 from services.bench.superserve import (
     a40_variants,
     checks,
@@ -75,3 +77,17 @@ def test_exit_depths_of_an_early_exit_model_are_variants(models_dir):
     # a deeper cut costs more at every batch size
     for a, b in itertools.pairwise(vs):
         assert all(a.latency(n) <= b.latency(n) + 1e-9 for n in (1, 4, 16))
+
+
+def test_live_policies_by_name_prefix_or_any_frontier_subnet():
+    from services.bench.superserve_live import chosen_policies
+
+    front = [{"subnet": k, "agreement": a} for k, a in (("s", 0.7), ("m", 0.8), ("l", 1.0))]
+    assert len(chosen_policies(front, None)) == 7
+    got = chosen_policies(front, "slackfit,clipper+ most,variant=m")
+    assert got == {"slackfit": "slackfit", "clipper+ most accurate (100.00)": "variant=l",
+                   "clipper+ m (80.00)": "variant=m"}
+    with pytest.raises(ValueError, match="not on the frontier"):
+        chosen_policies(front, "variant=x")
+    with pytest.raises(ValueError, match="unknown 'fastest'"):
+        chosen_policies(front, "fastest")

@@ -221,3 +221,21 @@ def test_slowdown_follows_live_over_profiled_batch_time():
     q = EDFQueue(limit=10)
     q.push(_p(0, deadline=10.05, arrival=10.0))
     assert adm.queue_view(q, now=10.0, service_ms=5.0, slowdown=1.5).slowdown == 1.5
+
+
+def test_a_variant_batch_is_screened_on_its_own_profiled_time():
+    from services.router.variant_table import VariantProfile
+
+    fast = VariantProfile("fast", 0.7, (1, 16), (2.0, 32.0))     # 2 ms per sample
+    # the EWMA of recent (slower) batches, when the batch has no variant
+    assert adm.dispatch_estimate_ms(150.0, False, None, 16, 1.5, 5.0) == 150.0
+    # 16 on the fast variant: 32 ms x 1.5 live slowdown + 5 ms of hops
+    assert adm.dispatch_estimate_ms(150.0, False, fast, 16, 1.5, 5.0) == pytest.approx(53.0)
+    # behind a batch the worker runs: that batch's estimate first
+    assert adm.dispatch_estimate_ms(150.0, True, fast, 16, 1.5, 5.0) == pytest.approx(203.0)
+    # a request with 60 ms left is kept for the fast batch, refused on the EWMA
+    q = EDFQueue(limit=4)
+    q.push(_p(0, deadline=10.06, arrival=9.9))
+    entries = q.pop(1)
+    assert adm.screen_for_dispatch(entries, 10.0, 53.0).send == entries
+    assert not adm.screen_for_dispatch(entries, 10.0, 150.0).send

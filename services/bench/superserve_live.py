@@ -15,7 +15,9 @@ state folder and nats-server) serving the model with ``--workers`` workers of on
 thread and worker credit 1, its router running that policy (``OFFRAMP_ROUTER_POLICY``):
 SlackFit, MaxAcc, MaxBatch, INFaaS-like (the cheapest subnet) and Clipper+ at the most
 accurate, the middle and the fastest frontier subnet. Every stack serves the same traces,
-one after the other, after ``WARM_S`` of Poisson warm-up: bursty (a quarter evenly spaced,
+one after the other, after ``WARM_S`` of Poisson warm-up at the traces' mean rate (the
+router learns the live slowdown at the load it serves; a cold start is not what the
+traces measure): bursty (a quarter evenly spaced,
 the rest gamma) with CV² 2 and 8, at ``LOAD`` x ``K``, where ``K`` is what the workers
 serve per second with the most accurate subnet at batch 16 by its profile (capped at
 ``MAX_RATE``, what one Python client sends here beside the workers), or ``--rate``.
@@ -114,6 +116,7 @@ class Load:
     workers: int
     faults: np.ndarray | None = None
     fault_s: float = 0.0
+    warm_rps: float = 50.0
 
 
 def run_policy(cfg, model: str, load: Load, say, depth: bool) -> dict:
@@ -135,7 +138,7 @@ def run_policy(cfg, model: str, load: Load, say, depth: bool) -> dict:
             return asyncio.run(_send(cfg, url, model, load.inputs[:len(times)], times,
                                      load.slo_ms))
 
-        send(arr.poisson(min(50.0, 0.2 * len(load.inputs) / WARM_S), duration_s=WARM_S,
+        send(arr.poisson(min(load.warm_rps, 0.5 * len(load.inputs) / WARM_S), duration_s=WARM_S,
                          seed=99))
         for name, times in load.traces.items():
             out[name] = figures(send(times), load.score, load.slo_ms)
@@ -217,7 +220,7 @@ def run_live(args, say) -> dict[str, Any]:
             + ([len(fault_times)] if fault_times is not None else []))
     say(f"{model}: {n} inputs" + (" and the full model's answers to them" if depth else ""))
     inputs, score = inputs_and_score(base, manifest, args.seed, n)
-    load = Load(traces, inputs, score, slo, workers, fault_times, fault_s)
+    load = Load(traces, inputs, score, slo, workers, fault_times, fault_s, warm_rps=rate)
     root = base.home / "bench-superserve" / model
     shutil.rmtree(root, ignore_errors=True)
     results = {}

@@ -181,8 +181,7 @@ class StageRuntime:
         self._tap_base: _TapStage | None = None
         # session -> input names, _Layout; weak: a batch still running on a dropped session
         self._inputs, self._layouts = weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary()
-        self.use_taps = use_taps
-        self.threads = threads
+        self.use_taps, self.threads = use_taps, threads
         self.tap_notes: list[str] = []  # why a set of ramps splits instead (for logs)
         self._merge_lock = threading.Lock()
         self._local = threading.local()  # this thread's RunOptions (see interruptible)
@@ -191,7 +190,7 @@ class StageRuntime:
         self._heads = {(r.index, r.file): load(r.file, quiet) for r in self.ramps}  # + refits
         self._prepared = {r.index: r.file for r in self.ramps}
         self._checked = set(self._prepared.values())  # head file names known to be good
-        self._primed: set[int] = set()  # ids of sessions already run once at the prime batch
+        self._primed: weakref.WeakSet = weakref.WeakSet()  # sessions run at the prime batch
         self._in_dtypes = {t.name: np.dtype(t.dtype) for t in manifest.inputs}
         first = next(iter(self._blocks.values()))
         self.providers: list[str] = list(first.get_providers())
@@ -641,13 +640,13 @@ class StageRuntime:
         grows its memory arena on the first call at a larger shape, which made the first
         full batch of a burst about half again slower than the next (150 -> 236 ms for
         efficientnet-lite0 at 16), and a slack-driven router planned on the profiled time."""
-        if batch <= 0 or id(sess) in self._primed:
+        if batch <= 0 or sess in self._primed:
             return
         try:
             sess.run(None, self.dummy_feeds(sess, batch))
         except Exception:  # noqa: BLE001 - best effort: the first real batch pays instead
             return
-        self._primed.add(id(sess))
+        self._primed.add(sess)
 
     def run_ramp(self, r: int, x: np.ndarray | ort.OrtValue,
                  model_inputs: dict[str, np.ndarray] | None = None,

@@ -181,7 +181,8 @@ class StageRuntime:
         self._tap_base: _TapStage | None = None
         # session -> input names, _Layout; weak: a batch still running on a dropped session
         self._inputs, self._layouts = weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary()
-        self.use_taps, self.threads = use_taps, threads
+        self.use_taps = use_taps
+        self.threads = threads
         self.tap_notes: list[str] = []  # why a set of ramps splits instead (for logs)
         self._merge_lock = threading.Lock()
         self._local = threading.local()  # this thread's RunOptions (see interruptible)
@@ -190,7 +191,6 @@ class StageRuntime:
         self._heads = {(r.index, r.file): load(r.file, quiet) for r in self.ramps}  # + refits
         self._prepared = {r.index: r.file for r in self.ramps}
         self._checked = set(self._prepared.values())  # head file names known to be good
-        self._primed: weakref.WeakSet = weakref.WeakSet()  # sessions run at the prime batch
         self._in_dtypes = {t.name: np.dtype(t.dtype) for t in manifest.inputs}
         first = next(iter(self._blocks.values()))
         self.providers: list[str] = list(first.get_providers())
@@ -518,12 +518,12 @@ class StageRuntime:
                                        [frozenset(_node_names(p)) for p in parts])
         return self._tap_base
 
-    def dummy_feeds(self, sess: ort.InferenceSession, batch: int = 1) -> dict[str, np.ndarray]:
-        """Inputs of the right types and ranks for a trial run (``batch``, other free
+    def dummy_feeds(self, sess: ort.InferenceSession) -> dict[str, np.ndarray]:
+        """Inputs of the right types and ranks for a trial run (batch 1, other free
         dimensions 8; ones, which are valid token ids and attention masks too)."""
         out = {}
         for i in sess.get_inputs():
-            shape = [d if isinstance(d, int) and d > 0 else (batch if k == 0 else 8)
+            shape = [d if isinstance(d, int) and d > 0 else (1 if k == 0 else 8)
                      for k, d in enumerate(i.shape)]
             out[i.name] = np.ones(shape, dtype=ORT_DTYPES.get(i.type, np.float32))
         return out
@@ -615,13 +615,12 @@ class StageRuntime:
             (base + k, r.index, None) for k, r in enumerate(sited)))
 
     def warm(self, active, heads: Mapping[int, str] | None = None, features: bool = False,
-             split: bool = False, prime_batch: int = 0) -> None:
+             split: bool = False) -> None:
         """Build the sessions an exit config with ``active`` ramps and ``heads`` needs
         (with every site's features: ``features``) before it is applied: the tapped stage,
         else (or with ``split``: compute mode, where the batch shrinks at each ramp) the
-        split ranges (each with its first ramp) and the heads run apart, each run once at
-        ``prime_batch`` (see :meth:`prime`). ValueError when ``heads`` names a bad file for
-        a ramp of this stage."""
+        split ranges (each with its first ramp) and the heads run apart. ValueError when
+        ``heads`` names a bad file for a ramp of this stage."""
         for r in self.ramps:
             if heads and r.index in heads:
                 self._head(r.index, heads)  # checks (and loads) every head the config names
@@ -631,22 +630,9 @@ class StageRuntime:
         after = ramps_after_blocks(self.ramps, active)
         for a, b in block_ranges(self.first_block, self.last_block, set(after)):
             at = after.get(b - 1, [])
-            self.prime(self._range(a, b, at[0] if at else None, heads, features), prime_batch)
+            self._range(a, b, at[0] if at else None, heads, features)
             for r in at[1:]:
-                self.prime(self._head(r, heads), prime_batch)
-
-    def prime(self, sess: ort.InferenceSession, batch: int) -> None:
-        """Run ``sess`` once at ``batch`` (0: not at all), once per session: ONNX Runtime
-        grows its memory arena on the first call at a larger shape, which made the first
-        full batch of a burst about half again slower than the next (150 -> 236 ms for
-        efficientnet-lite0 at 16), and a slack-driven router planned on the profiled time."""
-        if batch <= 0 or sess in self._primed:
-            return
-        try:
-            sess.run(None, self.dummy_feeds(sess, batch))
-        except Exception:  # noqa: BLE001 - best effort: the first real batch pays instead
-            return
-        self._primed.add(sess)
+                self._head(r, heads)
 
     def run_ramp(self, r: int, x: np.ndarray | ort.OrtValue,
                  model_inputs: dict[str, np.ndarray] | None = None,

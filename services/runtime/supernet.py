@@ -133,11 +133,9 @@ class SupernetRuntime:
         return float(np.median(times))
 
     # what the worker asks of any stage runtime; a supernet has no ramps or taps
-    def warm(self, active=(), heads=None, features=False, split=False,
-             prime_batch: int = 0) -> None:
+    def warm(self, active=(), heads=None, features=False, split=False) -> None:
         # ones: a real token everywhere for a text model (an all-padding row is no request)
-        self.run_range(0, 1, {t.name: np.ones((max(1, prime_batch), *t.shape),
-                                              np.dtype(t.dtype))
+        self.run_range(0, 1, {t.name: np.ones((1, *t.shape), np.dtype(t.dtype))
                               for t in self.manifest.inputs})
 
     def preload_taps(self) -> None:

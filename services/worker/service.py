@@ -222,11 +222,10 @@ class Worker(ComputeMode):
     def warm(self, config: ExitConfig) -> None:
         """Build the sessions ``config`` needs: with feature outputs too, for the batches
         that carry sampled rows, when this worker samples features."""
-        prime = self.cfg.max_batch  # a burst's first full batch runs at its profiled speed
         if config.mode == COMPUTE:  # no features: compute mode's feedback is shadow work
-            self.runtime.warm(config.active, config.heads, False, split=True, prime_batch=prime)
+            self.runtime.warm(config.active, config.heads, False, split=True)
             return
-        self.runtime.warm(config.active, config.heads, False, prime_batch=prime)
+        self.runtime.warm(config.active, config.heads, False)
         if self.want_features:
             self.runtime.warm(config.active, config.heads, True)
 

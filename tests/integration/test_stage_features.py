@@ -140,25 +140,3 @@ def test_features_keep_each_tap_in_place_and_a_late_tap_is_caught(zoo_dir, monke
     late = StageRuntime(d, m, 0, m.num_blocks, device="cpu")
     assert late.tapped((2, 3, 5), None, True) is None
     assert any("ran before its tap" in n for n in late.tap_notes), late.tap_notes
-
-
-def test_compute_mode_warm_runs_each_split_session_once_at_the_prime_batch(tiny_dir,
-                                                                            monkeypatch):
-    m = Manifest.load(tiny_dir)
-    rt = StageRuntime(tiny_dir, m, 0, m.num_blocks, device="cpu")
-    runs: list[int] = []
-    real = rt.dummy_feeds
-
-    def feeds(sess, batch=1):
-        out = real(sess, batch)
-        runs.append(len(next(iter(out.values()))))
-        return out
-
-    monkeypatch.setattr(rt, "dummy_feeds", feeds)
-    rt.warm([1], None, split=True, prime_batch=4)
-    assert runs and set(runs) == {4}       # every range (and head run apart) at batch 4
-    primed = len(runs)
-    rt.warm([1], None, split=True, prime_batch=4)
-    assert len(runs) == primed             # once per session
-    rt.warm([1, 2], None, split=True)      # no prime batch: build only
-    assert len(runs) == primed

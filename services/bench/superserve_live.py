@@ -180,7 +180,7 @@ def chosen_policies(front: list[dict[str, Any]], wanted: str | None) -> dict[str
         return chosen
     agreement = {r["subnet"]: r["agreement"] for r in front}
     out: dict[str, str] = {}
-    for w in (w.strip() for w in wanted.split(",")):
+    for w in filter(None, (w.strip() for w in wanted.split(","))):
         if w.startswith("variant="):
             key = w.removeprefix("variant=")
             if key not in agreement:
@@ -188,8 +188,8 @@ def chosen_policies(front: list[dict[str, Any]], wanted: str | None) -> dict[str
                                  f"{', '.join(agreement)}")
             out[f"clipper+ {key} ({100 * agreement[key]:.2f})"] = w
             continue
-        hits = {n: p for n, p in chosen.items() if w and n.startswith(w)}
-        if w and not hits:
+        hits = {n: p for n, p in chosen.items() if n.startswith(w)}
+        if not hits:
             raise ValueError(f"--policies: unknown {w!r}; known: slackfit, maxacc, maxbatch, "
                              "infaas, clipper+, variant=KEY")
         out.update(hits)

@@ -345,11 +345,12 @@ class Router:
             # variant policies fit profiled times into the slack over the live slowdown,
             # with headroom for the scatter around it, and drain the queue over the
             # first-stage workers (the fixed policy reads none of these)
+            variants = state.policy is not None
             decision = policy.decide(admission.queue_view(
                 state.queue, now, state.service_ms,
                 state.slowdown * self.cfg.variant_headroom,
-                self.registry.stage0_count(model),
-                self.cfg.max_batch if state.policy else 0))
+                self.registry.stage0_count(model) if variants else 1,
+                self.cfg.max_batch if variants else 0))
             if decision.batch_size <= 0:
                 return admission.reask_after_s(decision.wait_ms)
             # requests of one batch are stacked, so they share the head's input sizes

@@ -60,10 +60,12 @@ def _largest_fit(v: VariantProfile, max_batch: int, theta: float) -> int:
     return bisect.bisect_right(v.latencies(max_batch), theta)  # curves rise with the batch
 
 
-def theta_ms(view: QueueView, overhead_ms: float) -> float:
-    """The slack a batch's profiled time must fit: the time to the earliest deadline, less
-    the hops, in profile time (divided by how much slower batches run live than profiled)."""
-    return (view.deadline_ms - overhead_ms) / max(view.slowdown, 1e-6)
+def theta_ms(view: QueueView, overhead_ms: float, left_ms: float | None = None) -> float:
+    """The slack a batch's profiled time must fit: the time to the earliest deadline (or
+    ``left_ms``), less the hops, in profile time (divided by how much slower batches run
+    live than profiled)."""
+    left = view.deadline_ms if left_ms is None else left_ms
+    return (left - overhead_ms) / max(view.slowdown, 1e-6)
 
 
 def _decide(choice: Choice, view: QueueView) -> BatchDecision:
@@ -140,19 +142,18 @@ class SlackFit(SlackDriven):
         queue holds on the most accurate variant that fits the slack: the pick traded
         accuracy for a batch size that is not there to serve."""
         theta = theta_ms(view, self.overhead_ms)
-        choice = self.drain_choice(view)
+        choice = self.drain_choice(view, theta)
         if 0 < view.size < choice.batch:
             fits = [v for v in self._frontier if v.latency(view.size) <= theta]
             if fits and fits[-1].accuracy > choice.accuracy:
                 return BatchDecision(view.size, variant=fits[-1].key)
         return _decide(choice, view)
 
-    def drain_choice(self, view: QueueView) -> Choice:
+    def drain_choice(self, view: QueueView, theta: float) -> Choice:
         """The pick whose time to drain the queue (its rounds over the workers, each the
-        pick's batch time) is closest below theta. When no pick drains it in time, the
+        pick's batch time) is closest below ``theta``. When no pick drains it in time, the
         choice that saves the most requests per ms of worker time: a burst lost to a run
         of small batches, each just in time for its head, is lost whole."""
-        theta = theta_ms(view, self.overhead_ms)
         size, workers = view.size, max(1, view.workers)
         if size <= 0:
             return self.choose(theta)
@@ -161,8 +162,8 @@ class SlackFit(SlackDriven):
         fits = [c for c in self.table.picks if drain(c) <= theta]
         if fits:
             return max(fits, key=lambda c: (drain(c), c.accuracy))
-        scale = max(view.slowdown, 1e-6)
-        slack = sorted((d - self.overhead_ms) / scale for d in view.deadlines_ms) or [theta]
+        # earliest first, as the view holds them
+        slack = [theta_ms(view, self.overhead_ms, d) for d in view.deadlines_ms] or [theta]
         def saved_per_ms(c: Choice) -> float:
             # requests that miss are a prefix of the EDF order; unseen ones (beyond the
             # view) are due no earlier than the last one seen

@@ -9,6 +9,20 @@ from typing import Any
 from schemas.codec import SCHEMA_VERSION, pack
 from schemas.fields import FieldReader
 
+MISSED_HEARTBEATS = 3  # a worker silent for this many heartbeat periods is lost
+
+
+def worker_timeout_s(heartbeat_ms: float) -> float:
+    """How long a router waits for a worker's next heartbeat before taking it for lost."""
+    return MISSED_HEARTBEATS * heartbeat_ms / 1000.0
+
+
+def transit_margin_s(heartbeat_ms: float) -> float:
+    """How long after dispatch a heartbeat must come to show a batch that never arrived:
+    five periods, at least 2 s, well past the 3 missed periods that already make a silent
+    worker lost, so a slow delivery to a busy worker is not taken for a loss."""
+    return max(2.0, 5 * heartbeat_ms / 1000.0)
+
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:

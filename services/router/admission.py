@@ -15,7 +15,6 @@ from services.router.policy import QueueView
 
 MAX_ATTEMPTS = 3             # dispatches of one request before giving up after worker losses
 NO_WORKER_GRACE_S = 2.0      # a model with no live worker this long answers no_workers
-MISSED_HEARTBEATS = 3        # a worker silent for this many heartbeat periods is lost
 # A request its first stage released (its batch went on to a later stage) that nobody has
 # answered this long past its deadline was lost with a later stage's worker: a live worker
 # answers a late request itself (deadline_exceeded) as soon as it gets to it.
@@ -37,17 +36,6 @@ class Refusal:
 
 
 # ---------------------------------------------------------------- intake
-
-
-def worker_timeout_s(heartbeat_ms: float) -> float:
-    return MISSED_HEARTBEATS * heartbeat_ms / 1000.0
-
-
-def transit_margin_s(heartbeat_ms: float) -> float:
-    """How long after dispatch a heartbeat must come to show a batch that never arrived:
-    five periods, at least 2 s, well past the 3 missed periods that already make a silent
-    worker lost, so a slow delivery to a busy worker is not taken for a loss."""
-    return max(2.0, 5 * heartbeat_ms / 1000.0)
 
 
 def request_deadline(now: float, slo_ms: float | None, default_slo_ms: float) -> float:

@@ -23,7 +23,7 @@ from nats.errors import MaxPayloadError
 from schemas import errors, subjects
 from schemas.codec import pack
 from schemas.errors import ServingError
-from schemas.heartbeat import Heartbeat
+from schemas.heartbeat import Heartbeat, transit_margin_s, worker_timeout_s
 from schemas.messages import (
     Batch,
     Results,
@@ -119,7 +119,7 @@ class Router:
                                         admission.initial_service_ms(spec.full_ms))
                        for name, spec in specs.items()}
         self.metered = {name: ModelMetrics(name) for name in specs}
-        self.registry = WorkerRegistry(timeout_s=admission.worker_timeout_s(cfg.heartbeat_ms))
+        self.registry = WorkerRegistry(timeout_s=worker_timeout_s(cfg.heartbeat_ms))
         self.pending: dict[str, Pending] = {}
         # (give-up time, id) of requests a first stage released unanswered: in later stages
         self.downstream: list[tuple[float, str]] = []
@@ -377,11 +377,14 @@ class Router:
         inputs = ({n: batch[0].inputs[n][None] for n in names} if len(batch) == 1 else
                   {n: np.stack([e.inputs[n] for e in batch]) for n in names})
         # Workers answer clients directly (one hop less on every request); the router
-        # still learns of each answer from the Results message and records it.
+        # still learns of each answer from the Results message and records it. Requests
+        # sent again after a worker loss are answered here: the worker thought lost may be
+        # alive and answer them too, and only the router can tell the second answer.
         ages_ms = [(now - e.arrival) * 1e3 for e in batch]
+        again = any(e.attempts for e in batch)
         msg = Batch(batch_id=batch_id, model=model, stage=0, router=subjects.results(self.id),
                     ids=[e.id for e in batch], config_version=0, inputs=inputs,
-                    replies=[e.reply for e in batch], ages_ms=ages_ms,
+                    replies=[] if again else [e.reply for e in batch], ages_ms=ages_ms,
                     slos_ms=[(e.deadline - e.arrival) * 1e3 for e in batch], variant=variant)
         data = msg.encode()
         if len(data) > self.nc.max_payload and len(batch) > 1:
@@ -430,7 +433,7 @@ class Router:
             # judged at heard_until: a heartbeat read late (a backlog of intake ahead of
             # it) may have been sent before a batch reached its worker
             lost = self.registry.lost_in_transit(hb.worker, hb.held, self.heard_until,
-                                                 admission.transit_margin_s(self.cfg.heartbeat_ms))
+                                                 transit_margin_s(self.cfg.heartbeat_ms))
             if lost:
                 self.log.warning("batches lost in transit %s", logs.kv(
                     worker=hb.worker, batches=len(lost)))

@@ -26,7 +26,7 @@ from nats.aio.msg import Msg
 
 from schemas import errors, subjects
 from schemas.errors import ServingError
-from schemas.heartbeat import Heartbeat
+from schemas.heartbeat import Heartbeat, transit_margin_s
 from schemas.messages import Batch, ExitConfig, Results, decode_map, encode_error, encode_reply
 from schemas.plans import StageRole
 from schemas.telemetry import (
@@ -51,6 +51,7 @@ from services.runtime.stage import StageRuntime, active_in_order, spin_for
 from services.worker.compute_mode import COMPUTE, ComputeMode, Fused
 from services.worker.feature_sampling import FeatureSampler
 from services.worker.feedback_backlog import FeedbackBacklog, SetAside
+from services.worker.silence import SilenceGuard
 from services.worker.stage_exec import StageOutcome, execute, variant_run
 from services.worker.telemetry import TelemetryBuffer
 
@@ -114,6 +115,9 @@ class Worker(ComputeMode):
         self.records_sent = 0    # request-record messages published (ids count up too)
         self.held: set[str] = set()  # stage-0 batches received and not yet released
         self.late_answers = 0    # answers past their SLO: the client got deadline_exceeded
+        # after a silence its answers go through the router, which may have sent them again
+        self.silence = SilenceGuard(cfg.heartbeat_ms / 1e3, transit_margin_s(cfg.heartbeat_ms))
+        self.answered_via_router = 0
         self.backlog = FeedbackBacklog(cfg.feedback_backlog)
         # pooled features at this stage's ramp sites for a sample of inputs (online ramp
         # refits); only the last stage knows the final answers they are labelled with
@@ -565,10 +569,39 @@ class Worker(ComputeMode):
 
         Rows, answers and the router's Results leave in one write, in that order: a worker
         killed at any moment has either sent all three or none, so a client never holds an
-        answer without its row, nor gets a second one after the router re-dispatches the
-        work of a worker it thinks lost."""
-        ids = [batch.ids[i] for i in idx]
+        answer without its row. Whether to answer directly is settled on the event loop as
+        the write goes out: after a silence the router may have sent the batch again
+        (``silence.SilenceGuard``), so the answers go through the router instead."""
+        answer = (batch, config, received, idx, labels, scores, exits, logits, early, release)
         direct = len(batch.replies) == len(batch.ids) and len(batch.ages_ms) == len(batch.ids)
+        if not direct:
+            self._publish_threadsafe(self._answer_messages(*answer, direct=False))
+        elif self.inline:  # on the loop already; written now, not when the read chunk is done
+            self._publish_answer(answer, self._answer_messages(*answer, direct=True), True)
+        else:
+            self.loop.call_soon_threadsafe(self._publish_answer, answer,
+                                           self._answer_messages(*answer, direct=True), False)
+        if release:
+            self._let_go(batch.batch_id)
+
+    def _publish_answer(self, answer: tuple, direct: list[tuple], flush: bool) -> None:
+        """On the event loop: the direct answers, or, when the router may have given this
+        batch to another worker, the same answers for the router to send."""
+        if not self.silence.may_answer_directly(answer[2], time.monotonic()):
+            self.answered_via_router += len(answer[3])
+            direct = self._answer_messages(*answer, direct=False)
+        self._publish(direct)
+        if flush:
+            flush_now(self.nc)
+
+    def _answer_messages(self, batch: Batch, config: ExitConfig, received: float,
+                         idx: np.ndarray, labels: np.ndarray, scores: np.ndarray,
+                         exits: np.ndarray, logits: np.ndarray, early: bool, release: bool,
+                         direct: bool) -> list[tuple]:
+        """The messages of ``_answer``: with ``direct``, the rows, the client answers (an
+        error for an answer past its SLO) and the router's note; else the router's Results
+        with the logits, which it answers from."""
+        ids = [batch.ids[i] for i in idx]
         late = np.zeros(len(ids), bool)
         messages: list[tuple] = []
         if direct:
@@ -601,10 +634,7 @@ class Worker(ComputeMode):
                 batch.batch_id, self.id, self.plan.stage, ids, labels, scores, exits,
                 None if direct else logits, early, config.version, release=release,
                 direct=direct, variant=batch.variant).encode()))
-        if messages:
-            self._publish_threadsafe(messages, flush=direct)
-        if release:
-            self._let_go(batch.batch_id)
+        return messages
 
     def _records_message(self, batch: Batch, ids: list[str], ages: list[float],
                          late: np.ndarray, labels: np.ndarray, exits: np.ndarray, early: bool,
@@ -641,15 +671,16 @@ class Worker(ComputeMode):
 
     async def heartbeat_loop(self, stop: asyncio.Event) -> None:
         last_store = 0.0
-        last_beat = time.monotonic()
         host, pid = socket.gethostname(), os.getpid()
         while not stop.is_set():
             now = time.monotonic()
-            gap_ms, last_beat = (now - last_beat) * 1e3, now
-            if gap_ms > 2 * self.cfg.heartbeat_ms:  # the router declares loss at 3 periods
-                self.log.warning("heartbeat late %s", logs.kv(
-                    gap_ms=round(gap_ms), busy=self.busy, queued=self.queue.qsize(),
-                    config_version=self.config.version))
+            last_beat = self.silence.last_beat
+            if self.silence.beat(now):  # a router may have taken this worker for lost
+                self.log.warning("heartbeat late: answers of earlier batches go through the "
+                                 "router %s", logs.kv(
+                                     gap_ms=round((now - last_beat) * 1e3), busy=self.busy,
+                                     queued=self.queue.qsize(),
+                                     config_version=self.config.version))
             ran, self.ran = self.ran, [0, 0, 0.0]  # this beat reports these batches
             await self.nc.publish(subjects.HEARTBEAT, Heartbeat(
                 worker=self.id, model=self.plan.model, stage=self.plan.stage,

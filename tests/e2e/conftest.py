@@ -65,6 +65,14 @@ class Stack:
         log = self.home / "nats" / "nats-server.log"
         return [line for line in log.read_text().splitlines() if "Violation" in line]
 
+    def warnings(self, limit: int = 40) -> str:
+        """The services' warnings and errors, for a failure message: what the router and the
+        workers saw (losses, late heartbeats) is gone with the test's folder otherwise."""
+        lines = [f"{log.stem}: {line}" for log in sorted((self.home / "logs").glob("*.log"))
+                 for line in log.read_text(errors="replace").splitlines()
+                 if " WARNING " in line or " ERROR " in line]
+        return "\n".join(lines[-limit:])
+
     @property
     def db_path(self) -> Path:
         return self.home / "offramp.db"

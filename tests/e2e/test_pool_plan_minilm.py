@@ -67,7 +67,8 @@ def test_minilm_in_compute_mode_while_plans_change(stack, models_dir):
 
     replies = asyncio.run(load())
     assert sorted(replies) == list(range(n)), f"{n - len(replies)} requests got no reply"
-    assert [i for i, got in replies.items() if len(got) > 1] == [], "a request got two replies"
+    assert [i for i, got in replies.items() if len(got) > 1] == [], \
+        "a request got two replies\n" + stack.warnings()
     ok = [r[0] for r in replies.values() if "error" not in r[0]]
     assert len(ok) > 0.8 * n
     assert any(r["early"] for r in ok) and any(not r["early"] for r in ok)

@@ -71,7 +71,8 @@ def test_plans_change_under_load_and_every_request_is_answered_once(stack):
     n = int(RATE * SECONDS)
     assert killed, "no pool worker was serving: the kill proved nothing"
     assert sorted(replies) == list(range(n)), f"{n - len(replies)} requests got no reply"
-    assert [i for i, got in replies.items() if len(got) > 1] == [], "a request got two replies"
+    assert [i for i, got in replies.items() if len(got) > 1] == [], \
+        "a request got two replies\n" + stack.warnings()
     codes = [(r[0].get("error") or {}).get("code", "ok") for r in replies.values()]
     assert codes.count("ok") > 0.5 * n, {c: codes.count(c) for c in set(codes)}
     assert set(codes) <= {"ok", "deadline_exceeded", "no_workers", "overloaded"}, set(codes)

@@ -283,3 +283,45 @@ def test_requests_a_first_stage_released_and_no_later_stage_answered_get_an_erro
     codes = {e["id"]: (e.get("error") or {}).get("code", "ok") for e in errors_sent}
     assert codes == {"r0": "ok", "r1": "deadline_exceeded", "r2": "deadline_exceeded"}
     assert len(errors_sent) == 3 and not router.downstream
+
+
+def test_a_request_sent_again_after_a_worker_loss_is_answered_by_the_router_once(monkeypatch):
+    """The worker taken for lost may be alive (a stalled event loop) and answer its copy:
+    the second dispatch carries no reply subjects, so both answers reach the router, which
+    replies to the client once."""
+    import services.router.service as router_service
+    from schemas.messages import Batch, Results
+
+    published: list[bytes] = []
+    monkeypatch.setattr(router_service, "publish_now",
+                        lambda nc, subject, data: published.append(data))
+    writes = _capture_writes(monkeypatch)
+
+    async def run() -> Router:
+        router = _router()
+        state = router.models["tiny"]
+        state.spec = SimpleNamespace(full_ms=1.0, input_names=["x"])
+        first = Pending(id="r0", model="tiny", reply="_INBOX.client.0",
+                        inputs={"x": np.zeros(16, "<f4")}, arrival=0.0, deadline=1e12)
+        again = Pending(id="r1", model="tiny", reply="_INBOX.client.1",
+                        inputs={"x": np.zeros(16, "<f4")}, arrival=0.0, deadline=1e12,
+                        attempts=1)  # back from a worker the router took for lost
+        for e in (first, again):
+            router.pending[e.id] = e
+        for w in ("old", "new"):
+            router.registry.heartbeat(w, "tiny", 0, 1, 2, time.monotonic())
+        router._send("tiny", state, "new", [first], 0.0)
+        router._send("tiny", state, "new", [again], 0.0)
+        logits = np.zeros((1, 4), np.float32)
+        for worker in ("old", "new"):  # both copies of r1 are answered, through the router
+            router.on_results(SimpleNamespace(data=Results(
+                "b", worker, 0, ["r1"], np.array([3]), np.array([0.9], np.float32),
+                np.array([-1]), logits, False, 1).encode()))
+        await asyncio.sleep(0)
+        return router
+
+    asyncio.run(run())
+    batches = [Batch.decode(decode_map(d)) for d in published]
+    assert [b.replies for b in batches] == [["_INBOX.client.0"], []]
+    replies = [m for w in writes for m in w if m[0] == "_INBOX.client.1"]
+    assert len(replies) == 1 and decode_map(replies[0][1])["label"] == 3

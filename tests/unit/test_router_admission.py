@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from schemas.heartbeat import worker_timeout_s
 from services.router import admission as adm
 from services.router.edf_queue import EDFQueue, Pending
 from services.router.policy import QueueView
@@ -20,8 +21,8 @@ def _p(i: int, deadline: float, arrival: float = 0.0, attempts: int = 0,
 
 
 def test_worker_timeout_is_three_heartbeats():
-    assert adm.worker_timeout_s(200) == pytest.approx(0.6)
-    assert adm.worker_timeout_s(1000) == 3.0
+    assert worker_timeout_s(200) == pytest.approx(0.6)
+    assert worker_timeout_s(1000) == 3.0
 
 
 @pytest.mark.parametrize("slo_ms,expected", [

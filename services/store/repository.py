@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 
 from services.common.stats import percentile
 from services.store.db import IMMEDIATE, make_engine, naive_utc, retry_unique, utcnow
+from services.store.pht import HeliosHistory
 from services.store.plan_history import PlanHistory
 from services.store.rows import (
     ExitConfigRow,
@@ -46,7 +47,7 @@ from services.store.tables import (
 from services.store.variant_profiles import VariantProfiles
 
 
-class Store(PlanHistory, VariantProfiles):
+class Store(PlanHistory, VariantProfiles, HeliosHistory):
     """The performance-history store at `url` (SQLite file or PostgreSQL).
 
     The schema must exist: run `services.store.migrate.upgrade(url)` first.

@@ -297,3 +297,67 @@ class SubnetProfile(Base):
     latency_ms: Mapped[dict[str, Any]] = mapped_column(Json)  # {"batch": ms}; {} off-frontier
     pareto: Mapped[bool] = mapped_column(Boolean)
     source: Mapped[str] = mapped_column(String(64))  # "search" (supernet), "depth-cap"
+
+
+class RepositoryCandidate(Base):
+    """One early-exit LLM of HELIOS's model repository with its offline profile (§3.3.1):
+    what top-k candidate selection filters by memory and SLO and ranks."""
+
+    __tablename__ = "model_repository"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Name, unique=True)
+    family: Mapped[str] = mapped_column(Name)  # tokenizer: perplexities compare within one
+    n_layers: Mapped[int] = mapped_column(Integer)
+    exit_layers: Mapped[list[int]] = mapped_column(Json)  # 1-based depths, the last n_layers
+    layer_bytes: Mapped[int] = mapped_column(BigInteger)  # weights per transformer layer
+    fixed_bytes: Mapped[int] = mapped_column(BigInteger)  # embedding, heads: any depth
+    kv_bytes_per_token_layer: Mapped[int] = mapped_column(BigInteger)
+    tokens_per_s: Mapped[float] = mapped_column(Float)  # offline, full depth
+    perplexity: Mapped[float] = mapped_column(Float)  # offline
+    # exit layer (JSON keys are strings) -> fraction of tokens; NULL: not profiled offline
+    exit_distribution: Mapped[dict[str, float] | None] = mapped_column(Json, nullable=True)
+    benchmarks: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
+    path: Mapped[str | None] = mapped_column(Text, nullable=True)  # where its weights are
+    updated_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class PhtEntry(Base):
+    """HELIOS's Performance History Table: how one candidate did, loaded to one depth, on
+    the text the served model ``model`` saw during one assessment."""
+
+    __tablename__ = "pht"
+    __table_args__ = (UniqueConstraint("model", "assessment", "candidate", "loaded_depth"),
+                      Index(None, "model", "at"))
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    model: Mapped[str] = mapped_column(Name)  # the served model clients address
+    at: Mapped[datetime] = mapped_column(DateTime)
+    assessment: Mapped[int] = mapped_column(Integer)  # re-assessment interval number
+    candidate: Mapped[str] = mapped_column(Name)
+    loaded_depth: Mapped[int] = mapped_column(Integer)
+    tokens_per_s: Mapped[float] = mapped_column(Float)
+    ttft_ms: Mapped[float] = mapped_column(Float)
+    tpot_ms: Mapped[float] = mapped_column(Float)
+    perplexity: Mapped[float] = mapped_column(Float)
+    exit_distribution: Mapped[dict[str, float]] = mapped_column(Json)  # layer -> fraction
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    tokens: Mapped[int] = mapped_column(Integer)
+
+
+class HeliosDecision(Base):
+    """What served ``model`` from ``at`` on (until its next row) and why: an evaluation
+    slice, the choice after an assessment, a load or a switch after a confidence breach."""
+
+    __tablename__ = "helios_decisions"
+    __table_args__ = (Index(None, "model", "at"),)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    model: Mapped[str] = mapped_column(Name)
+    at: Mapped[datetime] = mapped_column(DateTime)
+    kind: Mapped[str] = mapped_column(String(16))  # 'evaluate', 'load', 'switch', 'stay'
+    candidate: Mapped[str] = mapped_column(Name)
+    depth: Mapped[int] = mapped_column(Integer)
+    assessment: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reason: Mapped[str] = mapped_column(Text)  # the numbers compared
+    batch: Mapped[int | None] = mapped_column(Integer, nullable=True)  # max batch at depth
+    load_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    load_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cost_ms: Mapped[float | None] = mapped_column(Float, nullable=True)

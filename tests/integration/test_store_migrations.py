@@ -30,9 +30,10 @@ TABLES = {
     "batch_profiles",
     "deployment_plans",
     "subnet_profiles",
+    "model_repository",
+    "pht",
+    "helios_decisions",
 }
-
-
 
 
 def _tables(url: str) -> set[str]:
@@ -47,7 +48,7 @@ def test_upgrade_creates_tables_and_indexes(url: str) -> None:
     assert migrate.current(url) is None
     migrate.upgrade(url)
     assert _tables(url) == TABLES
-    assert migrate.current(url) == migrate.head() == "0009_cap_agreement"
+    assert migrate.current(url) == migrate.head() == "0010_helios"
     engine = make_engine(url)
     try:
         insp = inspect(engine)

@@ -55,6 +55,9 @@ class Heartbeat:
     ran: int = 0
     ran_rows: int = 0
     ran_ms: float = 0.0
+    # an LLM worker: ``capacity`` is the streams it may serve at once, ``held`` the request
+    # ids of its open streams
+    llm: bool = False
 
     def encode(self) -> bytes:
         return pack({"v": SCHEMA_VERSION, "worker": self.worker, "model": self.model,
@@ -68,7 +71,7 @@ class Heartbeat:
                      "t": float(self.t),
                      **({} if self.held is None else {"held": list(self.held)}),
                      "pool": self.pool, "ran": int(self.ran), "ran_rows": int(self.ran_rows),
-                     "ran_ms": float(self.ran_ms)})
+                     "ran_ms": float(self.ran_ms), "llm": bool(self.llm)})
 
     @classmethod
     def decode(cls, msg: dict[str, Any]) -> Heartbeat:
@@ -83,4 +86,5 @@ class Heartbeat:
                    config_version=f.integer("config_version", 0), t=f.number("t", 0.0),
                    held=None if msg.get("held") is None else tuple(f.texts("held")),
                    pool=f.text("pool", ""), ran=f.integer("ran", 0),
-                   ran_rows=f.integer("ran_rows", 0), ran_ms=f.number("ran_ms", 0.0))
+                   ran_rows=f.integer("ran_rows", 0), ran_ms=f.number("ran_ms", 0.0),
+                   llm=f.flag("llm", False))

@@ -44,17 +44,20 @@ ROLES: dict[str, Permissions] = {
         subscribe=()),
     # The `offramp` CLI's control commands: status, exit configs, and what a client may do.
     "admin": Permissions(
-        publish=(f"{P}.infer.>", subjects.MODELS, f"{P}.status.*", f"{P}.config.*"),
+        publish=(f"{P}.infer.>", subjects.MODELS, f"{P}.generate.>", f"{P}.status.*",
+                 f"{P}.config.*"),
         subscribe=()),
     "router": Permissions(
-        publish=(REPLIES, f"{P}.work.*", f"{P}.telemetry.requests.*", *STREAM_KEEP),
-        subscribe=(subjects.INFER_ALL, subjects.MODELS, subjects.STATUS_ROUTER,
-                   subjects.HEARTBEAT, f"{P}.results.*")),
+        publish=(REPLIES, f"{P}.work.*", f"{P}.llm.*", f"{P}.telemetry.requests.*",
+                 *STREAM_KEEP),
+        subscribe=(subjects.INFER_ALL, subjects.GENERATE_ALL, subjects.MODELS,
+                   subjects.STATUS_ROUTER, subjects.HEARTBEAT, f"{P}.results.*")),
     # Workers answer clients directly (the router passes each request's inbox along).
     "worker": Permissions(
         publish=(REPLIES, f"{P}.stage.*.*", f"{P}.results.*", subjects.HEARTBEAT,
                  f"{P}.telemetry.samples.*", f"{P}.telemetry.requests.*", f"{P}.features.*"),
-        subscribe=(f"{P}.work.*", f"{P}.stage.*.*", f"{P}.config.*", f"{P}.plan.*")),
+        subscribe=(f"{P}.work.*", f"{P}.llm.*", f"{P}.stage.*.*", f"{P}.config.*",
+                   f"{P}.plan.*")),
     "monitor": Permissions(
         publish=(*STREAM_KEEP,
                  f"$JS.API.CONSUMER.CREATE.{STREAM}.>",

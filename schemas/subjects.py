@@ -23,6 +23,19 @@ def infer(model: str) -> str:
 INFER_ALL = f"{PREFIX}.infer.*"
 
 
+def generate(model: str) -> str:
+    """Client generation requests (a stream of replies on the reply subject)."""
+    return f"{PREFIX}.generate.{model}"
+
+
+GENERATE_ALL = f"{PREFIX}.generate.*"
+
+
+def llm_work(worker_id: str) -> str:
+    """Generation requests a router hands to one LLM worker (the router holds its slots)."""
+    return f"{PREFIX}.llm.{worker_id}"
+
+
 def work(worker_id: str) -> str:
     """Batches addressed to one first-stage worker (the router holds its credit)."""
     return f"{PREFIX}.work.{worker_id}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,12 +68,23 @@ def spec_from_manifest(m: Manifest) -> ModelSpec:
                      full_ms=float(getattr(m, "full_ms", 0.0) or 0.0))
 
 
+LLM_KIND = "llm"  # a generative model's manifest: served on offramp.generate.<model>
+
+
+def _kind(cfg: Config, name: str) -> str:
+    path = cfg.models_dir / name / "manifest.json"
+    if not path.exists():
+        raise SystemExit(f"model {name!r} is not prepared in {cfg.models_dir}: "
+                         f"run `offramp prepare {name}`")
+    return str(json.loads(path.read_text()).get("kind", ""))
+
+
 def load_specs(cfg: Config) -> dict[str, ModelSpec]:
-    specs = {}
-    for name in cfg.models:
-        model_dir = cfg.models_dir / name
-        if not (model_dir / "manifest.json").exists():
-            raise SystemExit(f"model {name!r} is not prepared in {cfg.models_dir}: "
-                             f"run `offramp prepare {name}`")
-        specs[name] = spec_from_manifest(Manifest.load(model_dir))
-    return specs
+    """The classifiers among the served models (``offramp.infer.<model>``)."""
+    return {name: spec_from_manifest(Manifest.load(cfg.models_dir / name))
+            for name in cfg.models if _kind(cfg, name) != LLM_KIND}
+
+
+def llm_models(cfg: Config) -> set[str]:
+    """The generative models among the served models (``offramp.generate.<model>``)."""
+    return {name for name in cfg.models if _kind(cfg, name) == LLM_KIND}

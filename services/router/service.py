@@ -40,7 +40,8 @@ from services.common.hotpath import publish_now, subscribe_direct
 from services.common.service_loop import supervise
 from services.router import admission, retry_hint
 from services.router.edf_queue import EDFQueue, Pending, QueueFull
-from services.router.model_specs import ModelSpec, load_specs
+from services.router.generation import GenerationIntake
+from services.router.model_specs import ModelSpec, llm_models, load_specs
 from services.router.outbox import Outbox
 from services.router.policy import Policy, make_policy
 from services.router.variant_policies import make_variant_policy
@@ -109,7 +110,7 @@ class ModelMetrics:
 
 class Router:
     def __init__(self, nc: Client, cfg: Config, specs: dict[str, ModelSpec], policy: Policy,
-                 log) -> None:
+                 log, llm_models: set[str] | None = None) -> None:
         self.nc = nc
         self.cfg = cfg
         self.log = log
@@ -129,6 +130,8 @@ class Router:
         self.tick_subject = ""            # set once subscribed
         self.batches = 0
         self.outbox = Outbox(nc, self.id, log)
+        self.generation = GenerationIntake(nc, cfg, llm_models or set(),
+                                           subjects.results(self.id), log)
 
     # ------------------------------------------------------------------ intake
 
@@ -239,6 +242,17 @@ class Router:
             self.outbox.answer(entry.model, record, entry.reply,
                                encode_error(entry.id, code, message, **extra))
 
+    def _results_error(self, res: Results) -> None:
+        code = admission.client_error_code(res.error.get("code"))
+        for rid in res.ids:
+            entry = self.pending.get(rid)
+            if entry is None:
+                continue
+            message = f"worker {res.worker} failed: {res.error.get('message')}"
+            if res.direct and entry.sent_reply != entry.reply:  # resent: as below
+                self.outbox.reply(entry.reply, encode_error(rid, code, message))
+            self.reply_error(entry, code, message, send=not res.direct)
+
     def on_results(self, msg: Msg) -> None:
         try:
             res = Results.decode(decode_map(msg.data))
@@ -246,16 +260,10 @@ class Router:
             self.log.error("bad results message: %r", exc)
             return
         now = time.monotonic()
+        if res.release and not res.ids and self.generation.on_release(res.worker, res.batch_id):
+            return  # a generation stream's end
         if res.error:
-            code = admission.client_error_code(res.error.get("code"))
-            for rid in res.ids:
-                entry = self.pending.get(rid)
-                if entry is None:
-                    continue
-                message = f"worker {res.worker} failed: {res.error.get('message')}"
-                if res.direct and entry.sent_reply != entry.reply:  # resent: as below
-                    self.outbox.reply(entry.reply, encode_error(rid, code, message))
-                self.reply_error(entry, code, message, send=not res.direct)
+            self._results_error(res)
         else:
             for i, rid in enumerate(res.ids):
                 entry = self.pending.pop(rid, None)
@@ -420,6 +428,9 @@ class Router:
         ``heard_until`` covers every heartbeat the server passed on before a tick."""
         try:
             hb = Heartbeat.decode(decode_map(msg.data))
+            if hb.llm:
+                self.generation.on_heartbeat(hb, time.monotonic())
+                return
             if hb.model not in self.models:
                 return
             new = self.registry.heartbeat(hb.worker, hb.model, hb.stage, hb.stages, hb.capacity,
@@ -477,6 +488,7 @@ class Router:
         # Silence is measured up to heard_until, not now: a router that has not yet read
         # its backlog (a burst of requests ahead of the heartbeats) must not take live
         # workers for dead and run their batches twice.
+        self.generation.sweep(now, self.heard_until)
         for dead in self.registry.expire(self.heard_until):
             self.log.warning("worker lost %s", logs.kv(worker=dead.id, model=dead.model,
                                                        stage=dead.stage, inflight=len(dead.inflight)))
@@ -585,16 +597,19 @@ async def refresh_variants(router: Router, cfg: Config, stop: asyncio.Event, log
 
 async def serve(cfg: Config, stop: asyncio.Event) -> None:
     log = logs.setup("router", cfg.log_level)
-    specs = load_specs(cfg)
+    specs, llms = load_specs(cfg), llm_models(cfg)
     nc = await bus.connect_as(cfg, "router", "offramp-router")
     await bus.ensure_telemetry_stream(nc)
-    router = Router(nc, cfg, specs, make_policy("fixed", cfg.max_batch, cfg.batch_timeout_ms), log)
+    router = Router(nc, cfg, specs, make_policy("fixed", cfg.max_batch, cfg.batch_timeout_ms), log,
+                    llms)
     if cfg.router_policy != "fixed":
         use_variant_policies(router, cfg, await asyncio.to_thread(
             variant_tables, cfg, list(router.models)), log)
         supervise("variants", lambda: refresh_variants(router, cfg, stop, log), router.tasks,
                   log)
     await subscribe_direct(nc, subjects.INFER_ALL, router.on_infer, queue=subjects.ROUTER_QUEUE)
+    await subscribe_direct(nc, subjects.GENERATE_ALL, router.generation.on_generate,
+                           queue=subjects.ROUTER_QUEUE)
     await nc.subscribe(subjects.MODELS, queue=subjects.ROUTER_QUEUE, cb=router.on_models)
     await nc.subscribe(subjects.STATUS_ROUTER, cb=router.on_status)
     await subscribe_direct(nc, subjects.HEARTBEAT, router.on_heartbeat)

@@ -588,7 +588,7 @@ def test_heartbeat_fields_round_trip_and_bytes() -> None:
     section = readme_section("Heartbeat")
     assert list(msg) == ["v", *table_order(section)]
     types = {"worker": str, "model": str, "host": str, "busy": bool, "t": float, "held": list,
-             "pool": str, "ran_ms": float}
+             "pool": str, "ran_ms": float, "llm": bool}
     for name, value in msg.items():
         assert type(value) is types.get(name, int), name
     assert data == documented_bytes(section, msg)

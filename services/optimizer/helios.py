@@ -7,14 +7,14 @@ and serves with one of them at a time, loaded only up to the exit most tokens ta
    the SLO and fit the memory: :func:`select_top_k`.
 2. **Evaluation** (§3.3.2, App. E): every RI requests the first prompts run on the candidates
    (their answers are returned, not discarded); tokens/s, TTFT, TPOT, perplexity and the exit
-   distribution go into the Performance History Table (PHT): :class:`ReassessSchedule`,
+   distribution go into the Performance History Table (PHT): ``helios_schedule.ReassessSchedule``,
    :func:`exit_distribution`, :func:`perplexity`, :class:`PhtRow`. The best candidate at its
    likely depth then serves: :func:`choose_after_assessment`.
 3. **Greedy loading** (§3.3.3): load up to :func:`greedy_depth`; the weights and KV cache of
    the layers not loaded become batch: :func:`max_batch`.
 4. **Confidence breaches**: a token whose exit lies deeper than the loaded depth still leaves
    there (its prediction rarely changes, Insight 2) but counts as a breach;
-   :class:`BreachCounter` counts them over a sliding window and, when it breaches,
+   ``tuner.breach_counter.BreachCounter`` counts them over a sliding window and, when it breaches,
    :func:`load_or_switch` weighs loading the remaining layers against switching model.
 
 A simulator replays recorded per-token exit layers through exactly these functions: a token
@@ -27,14 +27,11 @@ the docstrings say "Choice:".
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-CBC_MAX = 50  # breaches tolerated ... (004 §3.3.3)
-CBC_WINDOW = 100  # ... per this many consecutive tokens
-RI = 150  # re-assessment interval, requests (004 §3.3.4)
-EVAL_PROMPTS = 5  # prompts each candidate serves in an evaluation phase (004 §3.3.2)
+from services.optimizer.helios_schedule import RI
+
 TOP_K = 3  # 004 §3.3.1: "up to three models" (003 used two)
 # Share of tokens the loaded depth must cover. Choice: the papers load "the layers most tokens
 # need" and load 6 of OPT-1.3B's 24 layers when 74 % exit at 6 (a 0.9 quantile would load all
@@ -456,107 +453,3 @@ def choose_after_assessment(candidates: Sequence[Candidate], pht: Sequence[PhtRo
         kind = "stay" if depth == current[1] else "load"
         load = (depth - current[1]) * best.layer_bytes
     return Decision(kind, best.name, depth, f"{reason} -> {best.name}@{depth}", load)
-
-
-# -- confidence breach counter -------------------------------------------------------------
-
-
-@dataclass
-class BreachCounter:
-    """Confidence Breach Counter over the last ``window`` tokens: ``breached`` once more than
-    ``cbc_max`` of them failed their threshold at the loaded depth (would have needed deeper
-    layers). Choice: a sliding window (the papers: "within a window of consecutive tokens";
-    Algorithm 1 counts since the last reset). It can breach before ``window`` tokens are seen;
-    call :meth:`reset` after a decision and when an assessment starts (Algorithm 1)."""
-
-    cbc_max: int = CBC_MAX
-    window: int = CBC_WINDOW
-    count: int = field(default=0, init=False)
-    recent: deque[bool] = field(default_factory=deque, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.cbc_max < self.window:
-            raise ValueError(f"need 0 <= cbc_max < window, got {self.cbc_max}, {self.window}")
-
-    @property
-    def breached(self) -> bool:
-        return self.count > self.cbc_max
-
-    def observe(self, breach: bool) -> bool:
-        """One token's outcome; returns whether the counter is breached now."""
-        self.recent.append(bool(breach))
-        self.count += bool(breach)
-        if len(self.recent) > self.window:
-            self.count -= self.recent.popleft()
-        return self.breached
-
-    def first_breach(self, breaches: Iterable[bool]) -> int | None:
-        """Feed outcomes until the counter breaches: the index of that token, or None when
-        all were fed without a breach (tokens after a breach are not consumed)."""
-        for i, b in enumerate(breaches):
-            if self.observe(b):
-                return i
-        return None
-
-    def reset(self) -> None:
-        self.count = 0
-        self.recent.clear()
-
-
-def breaches(exits: Iterable[int], depth: int) -> list[bool]:
-    """Per token: did it need layers deeper than ``depth`` (exit layer > depth)?"""
-    return [int(e) > depth for e in exits]
-
-
-# -- re-assessment schedule ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReassessSchedule:
-    """Which requests (0-based arrival numbers) are evaluation requests, on which candidates.
-
-    Every ``ri`` requests an assessment starts with an evaluation phase. By default (004
-    §3.3.2: "each candidate ... for five requests", sequentially) the phase gives each
-    candidate in turn ``eval_prompts`` requests; with ``shared`` each of the first
-    ``eval_prompts`` requests runs on every candidate (same text, so perplexities compare)
-    and the first candidate's answer is returned. Either way evaluation answers are returned
-    to the user (App. E), so the phase counts toward the ``ri`` requests (Choice).
-    """
-
-    candidates: tuple[str, ...]
-    ri: int = RI
-    eval_prompts: int = EVAL_PROMPTS
-    shared: bool = False
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "candidates", tuple(self.candidates))
-        if self.ri < 1 or self.eval_prompts < 0 or self.phase_length > self.ri:
-            raise ValueError(f"evaluation phase of {self.phase_length} does not fit RI {self.ri}")
-
-    @property
-    def phase_length(self) -> int:
-        return self.eval_prompts * (1 if self.shared else len(self.candidates))
-
-    def assessment(self, n: int) -> int:
-        """Number of the assessment interval request ``n`` falls in (0, 1, ...)."""
-        return n // self.ri
-
-    def is_evaluation(self, n: int) -> bool:
-        return n % self.ri < self.phase_length
-
-    def eval_candidates(self, n: int) -> tuple[str, ...]:
-        """Candidates request ``n`` runs on as an evaluation request; () when it is served
-        by the chosen candidate. The first one's answer is returned."""
-        i = n % self.ri
-        if i >= self.phase_length:
-            return ()
-        return self.candidates if self.shared else (self.candidates[i // self.eval_prompts],)
-
-    def phase_end(self, n: int) -> int:
-        """First request after the evaluation phase of ``n``'s interval: the one the
-        assessment's chosen candidate serves first."""
-        return self.assessment(n) * self.ri + self.phase_length
-
-    def next_assessment(self, n: int) -> int:
-        """First request of the next interval (its evaluation phase, if any)."""
-        return (self.assessment(n) + 1) * self.ri

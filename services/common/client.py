@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -72,3 +73,43 @@ async def request_raw(nc: Client, subject: str, data: bytes, timeout: float) -> 
 
 async def models(nc: Client, timeout: float = 2.0) -> list[dict[str, Any]]:
     return (await request_raw(nc, subjects.MODELS, b"", timeout))["models"]
+
+
+async def generate(nc: Client, model: str, prompt: str | None = None,
+                   prompt_tokens: list[int] | None = None, max_tokens: int = 64,
+                   stop: tuple[str, ...] = (), chat: bool = False,
+                   ttft_slo_ms: float | None = None, request_id: str | None = None,
+                   silence_s: float = 10.0) -> AsyncIterator[dict[str, Any]]:
+    """Stream a generation (``offramp.generate.<model>``): yields each token chunk and then
+    the done message; raises :class:`InferError` for an error reply, or when nothing comes
+    for ``silence_s`` (the router or the whole stack is gone)."""
+    msg: dict[str, Any] = {"v": SCHEMA_VERSION, "id": request_id or uuid.uuid4().hex,
+                           "model": model, "max_tokens": int(max_tokens)}
+    if prompt is not None:
+        msg["prompt"] = prompt
+    if prompt_tokens is not None:
+        msg["prompt_tokens"] = list(prompt_tokens)
+    if stop:
+        msg["stop"] = list(stop)
+    if chat:
+        msg["chat"] = True
+    if ttft_slo_ms is not None:
+        msg["ttft_slo_ms"] = float(ttft_slo_ms)
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)  # before the request: the first chunk may come at once
+    try:
+        await nc.publish(subjects.generate(model), pack(msg), reply=inbox)
+        while True:
+            try:
+                got = unpack((await sub.next_msg(timeout=silence_s)).data)
+            except NatsTimeout:
+                raise InferError("timeout", f"nothing on the stream for {silence_s} s: is "
+                                 "`offramp up` running?") from None
+            if "error" in got:
+                err = got["error"] or {}
+                raise InferError(err.get("code", errors.INTERNAL), err.get("message", ""), got)
+            yield got
+            if got.get("done"):
+                return
+    finally:
+        await sub.unsubscribe()

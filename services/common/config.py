@@ -65,6 +65,11 @@ class Config:
     # slowdown): live batch times scatter around their mean, and SlackFit spends all the
     # slack it is given, so without headroom its answers land at the SLO's edge
     variant_headroom: float = 1.5
+    # an LLM worker's KV cache budget bounds the streams it serves at once: each gets
+    # llm_slot_tokens tokens of KV at every layer; an exit head answers at llm_threshold
+    kv_budget_mb: float = 256.0
+    llm_slot_tokens: int = 1024
+    llm_threshold: float = 0.9
 
     def as_env(self) -> dict[str, str]:
         """The environment a child service needs to see this same configuration."""
@@ -104,6 +109,9 @@ class Config:
             "OFFRAMP_ROUTER_POLICY": self.router_policy,
             "OFFRAMP_VARIANT_OVERHEAD_MS": str(self.variant_overhead_ms),
             "OFFRAMP_VARIANT_HEADROOM": str(self.variant_headroom),
+            "OFFRAMP_KV_BUDGET_MB": str(self.kv_budget_mb),
+            "OFFRAMP_LLM_SLOT_TOKENS": str(self.llm_slot_tokens),
+            "OFFRAMP_LLM_THRESHOLD": str(self.llm_threshold),
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
@@ -146,6 +154,9 @@ DOCUMENTED = [
     ("OFFRAMP_PLAN_ALPHA", "1", "a deployment plan may cost at most this many times vanilla serving (device-seconds per answer)"),
     ("OFFRAMP_ROUTER_POLICY", "fixed", "how routers pick each batch's variant for a model with variant profiles (a supernet): `fixed` (the model as prepared), `slackfit`, `maxacc`, `maxbatch`, `infaas` (the cheapest), or `variant=KEY` (one subnet, Clipper+)"),
     ("OFFRAMP_VARIANT_OVERHEAD_MS", "5", "variant policies: milliseconds of a request's slack kept for the hops around a batch's compute"),
+    ("OFFRAMP_KV_BUDGET_MB", "256", "an LLM worker's KV cache budget: the streams it serves at once are this over one stream's KV (OFFRAMP_LLM_SLOT_TOKENS tokens at every layer)"),
+    ("OFFRAMP_LLM_SLOT_TOKENS", "1024", "tokens (prompt and output) one generation stream may hold"),
+    ("OFFRAMP_LLM_THRESHOLD", "0.9", "an LLM exit head answers a token when its top probability reaches this"),
     ("OFFRAMP_TUNER_NATIVE", "1", "0: the tuner climbs in Python instead of its compiled climb (same decisions; for comparison)"),
     ("OFFRAMP_NATS_PROCS", "0", "GOMAXPROCS of the NATS server `offramp up` starts (0 = 1 on machines of up to 4 cores, else Go's default)"),
     ("OFFRAMP_METRICS_PORT", "(unset: off; `offramp up`: a free port per service)", "port of a service's Prometheus `/metrics`; `offramp up` gives its services consecutive ports from it and lists them in `offramp status`"),
@@ -212,6 +223,9 @@ def _load() -> Config:
         router_policy=_router_policy(_env("OFFRAMP_ROUTER_POLICY", "fixed")),
         variant_overhead_ms=_non_negative_float("OFFRAMP_VARIANT_OVERHEAD_MS", "5"),
         variant_headroom=_at_least_one("OFFRAMP_VARIANT_HEADROOM", "1.5"),
+        kv_budget_mb=_positive_float("OFFRAMP_KV_BUDGET_MB", "256"),
+        llm_slot_tokens=int(_positive_float("OFFRAMP_LLM_SLOT_TOKENS", "1024")),
+        llm_threshold=_fraction("OFFRAMP_LLM_THRESHOLD", "0.9"),
     )
 
 

@@ -32,10 +32,11 @@ from services.launcher import metrics_ports
 from services.launcher.nats_auth import authorization_block, ensure_logins
 from services.launcher.natsserver import EmbeddedNats
 from services.prepare.pipeline import SUPERNETS, ZOO, load_if_intact, prepare
-from services.runtime.manifest import Manifest
+from services.runtime.manifest import Manifest, manifest_kind
 from services.runtime.stage import spin_for
 from services.store.migrate import upgrade
 from services.store.repository import Store
+from services.zoo.registry import LLMS
 
 log = logging.getLogger("offramp.up")
 
@@ -86,6 +87,10 @@ def prepare_state(cfg: Config, say=print) -> None:
 
 
 def ensure_prepared(cfg: Config, name: str, say=print) -> Path:
+    if name in LLMS:  # generative: exit heads over a cached base model
+        from services.prepare.llm_models import prepare_llm
+
+        return prepare_llm(name, cfg, log=say)
     if name in ZOO:
         return prepare(name, cfg.models_dir, log=say)
     if name in SUPERNETS:  # prepared like the zoo: idempotent, trained once and cached
@@ -102,7 +107,10 @@ def ensure_prepared(cfg: Config, name: str, say=print) -> Path:
 
 
 def register_prepared(store, model_dir: Path, budget: float) -> None:
-    """Record a prepared model (models, artifacts, ramps) and its initial exit config."""
+    """Record a prepared model (models, artifacts, ramps) and its initial exit config; a
+    generative model has none of these (its exit heads are in its manifest)."""
+    if manifest_kind(model_dir) == "llm":
+        return
     manifest = Manifest.load(model_dir)
     store.register_model(manifest.to_dict(), str(model_dir))
     if manifest.kind == "supernet":  # its variants: what routers choose each batch from

@@ -23,8 +23,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -32,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from services.prepare.staging import staged_folder
 from services.runtime.devices import device_class
 from services.runtime.manifest import BlockSpec, Manifest, TensorSpec
 from services.supernet.operators import norms
@@ -203,17 +202,9 @@ def _write(models_dir: Path, target: Path, name: str, net, scores, device: str, 
               "largest": net.space.largest.key, **meta,
               "subnets": [s.to_dict() for s in scores]})
     manifest.version = manifest.compute_version()
-    models_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=models_dir))
-    try:
-        tmp.chmod(0o755)
+    with staged_folder(target) as tmp:
         (tmp / file).write_bytes(data)
         manifest.save(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return manifest
 
 

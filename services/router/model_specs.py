@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,7 +9,7 @@ import numpy as np
 from schemas import errors
 from schemas.errors import ServingError
 from services.common.config import Config
-from services.runtime.manifest import Manifest
+from services.runtime.manifest import Manifest, manifest_kind
 
 
 @dataclass(frozen=True)
@@ -72,11 +71,11 @@ LLM_KIND = "llm"  # a generative model's manifest: served on offramp.generate.<m
 
 
 def _kind(cfg: Config, name: str) -> str:
-    path = cfg.models_dir / name / "manifest.json"
-    if not path.exists():
+    kind = manifest_kind(cfg.models_dir / name)
+    if kind is None:
         raise SystemExit(f"model {name!r} is not prepared in {cfg.models_dir}: "
                          f"run `offramp prepare {name}`")
-    return str(json.loads(path.read_text()).get("kind", ""))
+    return kind
 
 
 def load_specs(cfg: Config) -> dict[str, ModelSpec]:

@@ -531,6 +531,8 @@ class Router:
     async def on_models(self, msg: Msg) -> None:
         models = [dict(state.spec.describe(), ready=self.registry.ready(name))
                   for name, state in sorted(self.models.items())]
+        models += [{"name": name, "kind": "llm", "ready": self.generation.desk.has_worker(name)}
+                   for name in sorted(self.generation.served_models())]
         await msg.respond(pack({"v": 1, "models": models}))
 
     async def on_status(self, msg: Msg) -> None:

@@ -46,7 +46,7 @@ from services.exits.decide import ramp_outcome
 from services.exits.initial import initial_config, initial_ramps
 from services.exits.shadow import ShadowSampler
 from services.runtime.devices import device_class
-from services.runtime.manifest import Manifest
+from services.runtime.manifest import Manifest, manifest_kind
 from services.runtime.stage import StageRuntime, active_in_order, spin_for
 from services.worker.compute_mode import COMPUTE, ComputeMode, Fused
 from services.worker.feature_sampling import FeatureSampler
@@ -807,6 +807,10 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
     """A worker of a fixed layout: stage ``stage`` of ``model`` cut at ``cuts``."""
     from services.store.repository import Store
 
+    if manifest_kind(cfg.models_dir / model) == "llm":  # generation: no stages, torch
+        from services.worker.llm_service import serve_llm
+
+        return await serve_llm(cfg, stop, model)
     log = logs.setup(f"worker.{model}.{stage}", cfg.log_level)
     manifest = Manifest.load(cfg.models_dir / model)
     ranges = plan_stages(len(manifest.blocks), cuts)

@@ -245,6 +245,9 @@ ZOO = _Zoo(_FACTORIES)
 # (their own path: no ramps, a torch artifact); named here so the CLI and the launcher
 # know them without importing torch.
 SUPERNETS = ("supernet-cnn", "supernet-minilm")
+# Generative models (kind "llm", prepared by services.prepare.llm_models on demand): the
+# folder holds exit heads, the base model stays in its cache; tiny-llm is made for tests.
+LLMS = ("smollm2-135m", "tiny-llm")
 
 
 def get_spec(name: str) -> ModelSpec:

@@ -1,0 +1,204 @@
+"""LLM worker (``offramp serve worker --model M`` for a generative model): continuous
+batching of generation streams over one ``LlmDecoder`` with exit heads.
+
+A router hands it requests (``offramp.llm.<worker_id>``) while it has free slots: the KV
+budget (``OFFRAMP_KV_BUDGET_MB``) over one stream's KV (``OFFRAMP_LLM_SLOT_TOKENS`` tokens at
+every layer). Each decoding round prefills the streams that joined and advances every other
+stream by one token, in one torch call off the event loop; a token that an exit head is
+sure of (``OFFRAMP_LLM_THRESHOLD``) is emitted at once and its deeper layers' KV is filled
+in the next round (Apparate's parallel decoding). Chunks go straight to each client; the
+terminal message and the router's release leave in one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+import uuid
+from collections import deque
+
+import numpy as np
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from schemas import errors, subjects
+from schemas.errors import ServingError
+from schemas.generation import LlmWork, decode_generate_request
+from schemas.heartbeat import Heartbeat
+from schemas.messages import Results, decode_map, encode_error, request_id_of
+from services.common import bus, logs
+from services.common.config import Config
+from services.common.hotpath import publish_all, subscribe_direct
+from services.common.service_loop import supervise
+from services.runtime.llm_decoder import LlmDecoder, Sequence
+from services.runtime.llm_model import LoadedLlm, load
+from services.worker.llm_streams import GenStream, prompt_problem
+
+
+def slots_for(llm: LoadedLlm, budget_mb: float, slot_tokens: int) -> int:
+    """Streams whose KV (and kept hidden states) at every layer fit the budget."""
+    cfg = llm.model.config
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads = getattr(cfg, "num_key_value_heads", heads)
+    per_token = 4 * (2 * cfg.num_hidden_layers * kv_heads * head_dim + cfg.hidden_size)
+    return max(1, int(budget_mb * 2**20 // (per_token * slot_tokens)))
+
+
+class LlmWorker:
+    def __init__(self, nc: Client, cfg: Config, name: str, llm: LoadedLlm, log) -> None:
+        self.nc, self.cfg, self.name, self.llm, self.log = nc, cfg, name, llm, log
+        self.id = f"{name}-llm-{uuid.uuid4().hex[:6]}"
+        self.decoder = LlmDecoder(llm.model, llm.heads)
+        self.thresholds = {k: cfg.llm_threshold for k in llm.heads.layers}
+        self.slots = slots_for(llm, cfg.kv_budget_mb, cfg.llm_slot_tokens)
+        self.slot_tokens = min(cfg.llm_slot_tokens, llm.context)
+        self.eos = llm.eos
+        self.waiting: deque[GenStream] = deque()
+        self.active: dict[str, tuple[GenStream, Sequence]] = {}
+        self.wake = asyncio.Event()
+        self.rounds = 0
+        self.tokens_out = 0
+
+    @property
+    def open_ids(self) -> tuple[str, ...]:
+        return tuple([s.id for s in self.waiting] + list(self.active))
+
+    # ------------------------------------------------------------------ intake
+
+    def on_work(self, msg: Msg) -> None:
+        try:
+            work = LlmWork.decode(decode_map(msg.data))
+        except ServingError as exc:
+            self.log.error("dropping malformed llm work: %s", exc.message)
+            return
+        rid = request_id_of(work.request)
+        try:
+            req = decode_generate_request(decode_map(work.request), self.name)
+            prompt = self._tokenize(req)
+            problem = prompt_problem(prompt, req.max_tokens, self.llm.model.config.vocab_size,
+                                     self.slot_tokens)
+            if problem:
+                raise ServingError(errors.BAD_REQUEST, problem)
+        except ServingError as exc:
+            self._end(work.reply, work.router, rid or "", encode_error(rid, exc.code, exc.message))
+            return
+        except Exception as exc:  # noqa: BLE001 - a tokenizer failure is the request's error
+            self._end(work.reply, work.router, rid or "", encode_error(
+                rid, errors.BAD_REQUEST, f"cannot tokenise the prompt: {exc!r}"))
+            return
+        self.waiting.append(GenStream(req, work.reply, work.router, prompt, time.monotonic(),
+                                      min(req.max_tokens, self.slot_tokens - len(prompt))))
+        self.wake.set()
+
+    def _tokenize(self, req) -> list[int]:
+        if req.prompt_tokens is not None:
+            return list(req.prompt_tokens)
+        tok = self.llm.tokenizer
+        if req.chat and getattr(tok, "chat_template", None):
+            return list(tok.apply_chat_template([{"role": "user", "content": req.prompt}],
+                                                add_generation_prompt=True, tokenize=True,
+                                                return_dict=False))
+        return list(tok.encode(req.prompt))
+
+    def _end(self, reply: str, router: str, rid: str, terminal: bytes) -> None:
+        """A stream's terminal message and the router's release, in one write."""
+        empty = np.zeros(0, np.int32)
+        release = Results(rid, self.id, 0, [], empty, empty.astype(np.float32), empty, None,
+                          False, 0, release=True).encode()
+        publish_all(self.nc, [(reply, terminal), (router, release)], self.log)
+
+    # ------------------------------------------------------------------ decoding
+
+    async def run(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            if not self.waiting and not self.active:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            new = [self.waiting.popleft()
+                   for _ in range(min(len(self.waiting), self.slots - len(self.active)))]
+            seqs = {s.id: Sequence(s.id, list(s.prompt)) for s in new}
+            running = list(self.active.values())
+            for s in new:  # open from here on: heartbeats list them
+                self.active[s.id] = (s, seqs[s.id])
+            try:
+                out = await loop.run_in_executor(None, self._round, list(seqs.values()),
+                                                 [q for _, q in running])
+            except Exception as exc:  # the round's streams fail; the worker lives on
+                self.log.error("decoding round failed: %r", exc, exc_info=exc)
+                for s in new + [s for s, _ in running]:
+                    self.active.pop(s.id, None)
+                    self._end(s.reply, s.router, s.id, encode_error(
+                        s.id, errors.INTERNAL, f"decoding failed: {exc!r}"))
+                continue
+            self._publish_round(out)
+
+    def _round(self, new: list[Sequence], running: list[Sequence]) -> list[tuple[str, int, int]]:
+        """In a thread: first tokens of ``new``, the next token of ``running``."""
+        results = self.decoder.prefill(new) if new else []
+        if running:
+            results += self.decoder.step(running, self.thresholds)
+        self.rounds += 1
+        return [(r.request_id, r.token, r.exit_layer) for r in results]
+
+    def _publish_round(self, out: list[tuple[str, int, int]]) -> None:
+        now = time.monotonic()
+        messages: list[tuple[str, bytes]] = []
+        ended: list[GenStream] = []
+        for rid, token, layers in out:
+            stream, _seq = self.active[rid]
+            messages.append((stream.reply, stream.add(token, layers, now,
+                                                      self.llm.tokenizer.decode, self.eos)))
+            self.tokens_out += 1
+            if stream.finish:
+                ended.append(stream)
+        publish_all(self.nc, messages, self.log)
+        for stream in ended:
+            del self.active[stream.id]
+            self._end(stream.reply, stream.router, stream.id,
+                      stream.done(now, self.name, self.decoder.depth))
+
+    # ------------------------------------------------------------------ liveness
+
+    async def heartbeat_loop(self, stop: asyncio.Event) -> None:
+        host, pid = socket.gethostname(), os.getpid()
+        while not stop.is_set():
+            await self.nc.publish(subjects.HEARTBEAT, Heartbeat(
+                worker=self.id, model=self.name, stage=0, stages=1, capacity=self.slots,
+                pid=pid, host=host, busy=bool(self.active), queued=len(self.waiting),
+                batches=self.rounds, t=time.time(), held=self.open_ids, llm=True).encode())
+            try:
+                await asyncio.wait_for(stop.wait(), self.cfg.heartbeat_ms / 1000.0)
+            except TimeoutError:
+                pass
+
+    def shut(self) -> None:
+        """Stopping: every open stream ends with an error, none silently."""
+        for s in list(self.waiting) + [s for s, _ in self.active.values()]:
+            self._end(s.reply, s.router, s.id, encode_error(
+                s.id, errors.NO_WORKERS, "the LLM worker serving it is shutting down"))
+        self.waiting.clear()
+        self.active.clear()
+
+
+async def serve_llm(cfg: Config, stop: asyncio.Event, model: str) -> None:
+    log = logs.setup(f"worker.{model}", cfg.log_level)
+    llm = await asyncio.to_thread(load, cfg.models_dir / model, cfg.ort_threads)
+    nc = await bus.connect_as(cfg, "worker", f"offramp-llm-{model}")
+    worker = LlmWorker(nc, cfg, model, llm, log)
+    await subscribe_direct(nc, subjects.llm_work(worker.id), worker.on_work)
+    tasks: set[asyncio.Task] = set()
+    supervise("heartbeat", lambda: worker.heartbeat_loop(stop), tasks, log)
+    runner = supervise("decode", lambda: worker.run(stop), tasks, log)
+    log.info("llm worker ready %s", logs.kv(id=worker.id, slots=worker.slots,
+                                           layers=worker.decoder.n_layers,
+                                           heads=",".join(map(str, llm.heads.layers)),
+                                           threshold=cfg.llm_threshold))
+    await stop.wait()
+    runner.cancel()
+    worker.shut()
+    await bus.close(nc)

@@ -1,0 +1,93 @@
+"""One generation stream as an LLM worker serves it: the request, the tokens produced, the
+text they add, when it ends (end-of-sequence, a stop string, ``max_tokens``, the model's
+context) and the messages it sends: token chunks, then one terminal message.
+
+No torch and no bus: the worker passes the tokenizer's ``decode`` and the clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from schemas.generation import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerateDone,
+    GenerateRequest,
+    encode_chunk,
+)
+
+Decode = Callable[[list[int]], str]
+
+
+@dataclass
+class GenStream:
+    request: GenerateRequest
+    reply: str
+    router: str
+    prompt: list[int]
+    accepted: float                  # monotonic seconds
+    limit: int                       # the most tokens it may produce (max_tokens, context)
+    tokens: list[int] = field(default_factory=list)
+    exits: list[int] = field(default_factory=list)
+    text: str = ""
+    first_at: float | None = None
+    last_at: float | None = None
+    seq: int = 0
+    finish: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    def add(self, token: int, layers: int, now: float, decode: Decode,
+            eos: frozenset[int]) -> bytes:
+        """Record one produced token; returns its chunk (and sets ``finish`` when it ends
+        the stream). The end-of-sequence token ends it without being sent as text."""
+        if self.first_at is None:
+            self.first_at = now
+        self.last_at = now
+        chunk_tokens, chunk_exits, delta = [], [], ""
+        if token in eos:
+            self.finish = FINISH_STOP
+        else:
+            self.tokens.append(token)
+            self.exits.append(layers)
+            chunk_tokens, chunk_exits = [token], [layers]
+            # a token may end inside a multi-byte character (shown as U+FFFD until the next
+            # token completes it): text is sent up to the last complete character
+            full = decode(self.tokens).rstrip("\ufffd")
+            if full.startswith(self.text):
+                delta, self.text = full[len(self.text):], full
+            if any(s in self.text for s in self.request.stop):
+                self.finish = FINISH_STOP
+            elif len(self.tokens) >= self.limit:
+                self.finish = FINISH_LENGTH
+        data = encode_chunk(self.id, self.seq, chunk_tokens, delta, chunk_exits)
+        self.seq += 1
+        return data
+
+    def done(self, now: float, candidate: str, depth: int) -> bytes:
+        first = self.first_at if self.first_at is not None else now
+        last = self.last_at if self.last_at is not None else now
+        n = len(self.tokens)
+        return GenerateDone(
+            self.id, self.request.model, self.finish or FINISH_LENGTH, len(self.prompt), n,
+            (first - self.accepted) * 1e3, (last - first) * 1e3 / (n - 1) if n > 1 else 0.0,
+            (now - self.accepted) * 1e3, dict(Counter(self.exits)), candidate, depth).encode()
+
+
+def prompt_problem(prompt: list[int], max_tokens: int, vocab: int,
+                   slot_tokens: int) -> str | None:
+    """Why a tokenised prompt cannot be served (None: it can)."""
+    if not prompt:
+        return "the prompt has no tokens"
+    if max(prompt) >= vocab:
+        return f"token id {max(prompt)} is outside the vocabulary of {vocab}"
+    if len(prompt) + max_tokens > slot_tokens:
+        return (f"the prompt's {len(prompt)} tokens and max_tokens {max_tokens} exceed the "
+                f"{slot_tokens} tokens a stream may hold (the model's context, or "
+                "OFFRAMP_LLM_SLOT_TOKENS)")
+    return None

@@ -1,0 +1,119 @@
+"""The LLM worker on the tiny random Llama: streams join and leave a continuous batch, each
+gets its chunks in order and one terminal message with the router's release in the same
+write, the tokens are greedy decoding's when no exit head is sure enough, and bad prompts
+are refused with a code."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from schemas.generation import GenerateRequest, LlmWork
+from schemas.messages import Results, decode_map
+from services.common import config as config_mod
+from services.runtime.llm_heads import ExitHeads
+from services.runtime.llm_model import LoadedLlm
+from services.zoo import tiny_llm
+
+ROUTER = "offramp.results.router-t"
+
+
+@pytest.fixture(scope="module")
+def llm() -> LoadedLlm:
+    torch.set_num_threads(1)
+    tok = tiny_llm.tokenizer()
+    net = tiny_llm.model(len(tok))
+    net.generation_config.eos_token_id = tok.eos_token_id
+    heads = ExitHeads(64, [2, 4])
+    return LoadedLlm(SimpleNamespace(name="tiny-llm"), net, tok, heads)
+
+
+def _serve(llm: LoadedLlm, requests: list[GenerateRequest], threshold: float = 1.0,
+           stagger: int = 0) -> list[list[tuple[str, bytes]]]:
+    """Every write the worker makes while serving ``requests`` (the later ones ``stagger``
+    rounds after the first)."""
+    import services.worker.llm_service as svc
+
+    writes: list[list[tuple[str, bytes]]] = []
+    cfg = dataclasses.replace(config_mod.load(), llm_threshold=threshold, kv_budget_mb=64)
+
+    async def go() -> None:
+        original = svc.publish_all
+        svc.publish_all = lambda nc, messages, log: writes.append(list(messages))
+        try:
+            w = svc.LlmWorker(SimpleNamespace(), cfg, "tiny-llm", llm, logging.getLogger("t"))
+            stop = asyncio.Event()
+            task = asyncio.ensure_future(w.run(stop))
+            for i, req in enumerate(requests):
+                w.on_work(SimpleNamespace(data=LlmWork(ROUTER, f"_INBOX.c.{req.id}",
+                                                       req.encode()).encode()))
+                while i == 0 and stagger and w.rounds < stagger:
+                    await asyncio.sleep(0.001)
+            while w.waiting or w.active:
+                await asyncio.sleep(0.005)
+            stop.set()
+            w.wake.set()
+            await task
+        finally:
+            svc.publish_all = original
+
+    asyncio.run(asyncio.wait_for(go(), 60))
+    return writes
+
+
+def _stream(writes, rid: str) -> list[dict]:
+    return [decode_map(data) for w in writes for subject, data in w
+            if subject == f"_INBOX.c.{rid}"]
+
+
+def _greedy(llm: LoadedLlm, prompt: str, n: int) -> list[int]:
+    ids = torch.tensor([llm.tokenizer.encode(prompt)])
+    out = llm.model.generate(ids, max_new_tokens=n, do_sample=False,
+                             eos_token_id=llm.tokenizer.eos_token_id,
+                             pad_token_id=llm.tokenizer.eos_token_id)
+    return [t for t in out[0, ids.shape[1]:].tolist() if t != llm.tokenizer.eos_token_id]
+
+
+def test_streams_in_a_continuous_batch_get_greedy_tokens_and_one_terminal_each(llm):
+    reqs = [GenerateRequest("a", "tiny-llm", 12, prompt="Once upon a time"),
+            GenerateRequest("b", "tiny-llm", 5, prompt="def add(x, y):")]
+    writes = _serve(llm, reqs, stagger=3)
+    for req in reqs:
+        msgs = _stream(writes, req.id)
+        chunks, (done,) = msgs[:-1], msgs[-1:]
+        assert [c["seq"] for c in chunks] == list(range(len(chunks)))
+        tokens = [t for c in chunks for t in c["tokens"]]
+        assert tokens == _greedy(llm, req.prompt, req.max_tokens)
+        assert done["done"] and done["usage"]["completion_tokens"] == len(tokens)
+        assert done["finish"] in ("stop", "length") and done["candidate"] == "tiny-llm"
+        assert "".join(c["text"] for c in chunks) == llm.tokenizer.decode(tokens)
+        assert all(e == 6 for c in chunks for e in c["exits"])  # nobody sure at 1.0
+        (end,) = [w for w in writes if any(s == f"_INBOX.c.{req.id}" and b"done" in d
+                                           for s, d in w)]
+        assert [s for s, _ in end] == [f"_INBOX.c.{req.id}", ROUTER]   # one write
+        release = Results.decode(decode_map(end[1][1]))
+        assert release.release and release.batch_id == req.id and release.ids == []
+
+
+def test_exit_heads_answer_tokens_early_when_sure(llm):
+    writes = _serve(llm, [GenerateRequest("e", "tiny-llm", 8, prompt="The sea")],
+                    threshold=0.0)  # every token leaves at the first head
+    chunks = _stream(writes, "e")[:-1]
+    # the prompt's pass (prefill) runs every layer; each later token leaves at layer 2
+    assert chunks[0]["exits"] == [6] and all(c["exits"] == [2] for c in chunks[1:])
+    assert _stream(writes, "e")[-1]["exits"] == {6: 1, 2: len(chunks) - 1}
+
+
+def test_a_prompt_too_long_for_a_stream_is_refused_and_released(llm):
+    writes = _serve(llm, [GenerateRequest("x", "tiny-llm", 4000, prompt_tokens=[1] * 40)])
+    (err,) = _stream(writes, "x")
+    assert err["error"]["code"] == "bad_request" and "exceed" in err["error"]["message"]
+    (w,) = writes
+    assert Results.decode(decode_map(w[1][1])).batch_id == "x"
+    writes = _serve(llm, [GenerateRequest("y", "tiny-llm", 4, prompt_tokens=[10**6])])
+    assert "vocabulary" in _stream(writes, "y")[0]["error"]["message"]

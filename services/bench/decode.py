@@ -119,11 +119,12 @@ def run_decode(args) -> int:
     prompts = [p for kind in corpus.kinds
                for p in prompts_of(llm.tokenizer, corpus.held[kind], per_kind, args.prompt_tokens)]
     decoder = LlmDecoder(llm.model, llm.heads)
-    thresholds = {k: args.threshold for k in llm.heads.layers}
+    heads = ([int(k) for k in args.heads.split(",")] if args.heads else llm.heads.layers)
+    thresholds = {k: args.threshold for k in heads}  # heads not named are not evaluated
     free, ee = [], []
     print(f"decode bench: {model}, {len(prompts)} prompts of {args.prompt_tokens} tokens, "
-          f"batch {args.batch}, {args.max_tokens} tokens each, threshold {args.threshold}",
-          flush=True)
+          f"batch {args.batch}, {args.max_tokens} tokens each, threshold {args.threshold} at "
+          f"heads {heads}", flush=True)
     for i in range(0, len(prompts) - args.batch + 1, args.batch):
         batch = prompts[i:i + args.batch]
         pair = [("free", {}), ("exits", thresholds)]
@@ -136,7 +137,7 @@ def run_decode(args) -> int:
     result = {"bench": "decode", "mode": "live, in process", "model": model,
               "threshold": args.threshold, "batch": args.batch, "max_tokens": args.max_tokens,
               "prompt_tokens": args.prompt_tokens, "rounds": len(free),
-              "threads": torch.get_num_threads(), "layers": n, "heads": llm.heads.layers,
+              "threads": torch.get_num_threads(), "layers": n, "heads": heads,
               "exit_free": summarise(free, n, args.batch, args.max_tokens),
               "exits": summarise(ee, n, args.batch, args.max_tokens, free)}
     result["speedup"] = result["exits"]["tokens_per_s"] / result["exit_free"]["tokens_per_s"]

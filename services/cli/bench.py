@@ -75,6 +75,8 @@ def decode_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--batch", type=int, default=4, help="decode: streams decoded together")
     bench.add_argument("--max-tokens", type=int, default=64, help="decode: tokens per stream")
     bench.add_argument("--prompt-tokens", type=int, default=32, help="decode: prompt length")
+    bench.add_argument("--heads", help="decode: the exit heads evaluated (layers, e.g. 24,27; "
+                       "default all): each costs a vocabulary projection")
     bench.add_argument("--rounds", type=int, default=4,
                        help="decode: batches, each decoded exit-free and with exits")
 

@@ -70,6 +70,9 @@ class Config:
     kv_budget_mb: float = 256.0
     llm_slot_tokens: int = 1024
     llm_threshold: float = 0.9
+    # the exit heads an LLM worker evaluates ("" none, "all", or layers "24,27"): each costs
+    # a vocabulary projection, about seven of SmolLM2's layers (docs/benchmarks.md)
+    llm_heads: str = ""
 
     def as_env(self) -> dict[str, str]:
         """The environment a child service needs to see this same configuration."""
@@ -112,6 +115,7 @@ class Config:
             "OFFRAMP_KV_BUDGET_MB": str(self.kv_budget_mb),
             "OFFRAMP_LLM_SLOT_TOKENS": str(self.llm_slot_tokens),
             "OFFRAMP_LLM_THRESHOLD": str(self.llm_threshold),
+            "OFFRAMP_LLM_HEADS": self.llm_heads,
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
@@ -157,6 +161,7 @@ DOCUMENTED = [
     ("OFFRAMP_KV_BUDGET_MB", "256", "an LLM worker's KV cache budget: the streams it serves at once are this over one stream's KV (OFFRAMP_LLM_SLOT_TOKENS tokens at every layer)"),
     ("OFFRAMP_LLM_SLOT_TOKENS", "1024", "tokens (prompt and output) one generation stream may hold"),
     ("OFFRAMP_LLM_THRESHOLD", "0.9", "an LLM exit head answers a token when its top probability reaches this"),
+    ("OFFRAMP_LLM_HEADS", "(none)", "the exit heads an LLM worker evaluates: `all`, or layers such as `24,27`; each costs a vocabulary projection"),
     ("OFFRAMP_TUNER_NATIVE", "1", "0: the tuner climbs in Python instead of its compiled climb (same decisions; for comparison)"),
     ("OFFRAMP_NATS_PROCS", "0", "GOMAXPROCS of the NATS server `offramp up` starts (0 = 1 on machines of up to 4 cores, else Go's default)"),
     ("OFFRAMP_METRICS_PORT", "(unset: off; `offramp up`: a free port per service)", "port of a service's Prometheus `/metrics`; `offramp up` gives its services consecutive ports from it and lists them in `offramp status`"),
@@ -226,6 +231,7 @@ def _load() -> Config:
         kv_budget_mb=_positive_float("OFFRAMP_KV_BUDGET_MB", "256"),
         llm_slot_tokens=int(_positive_float("OFFRAMP_LLM_SLOT_TOKENS", "1024")),
         llm_threshold=_fraction("OFFRAMP_LLM_THRESHOLD", "0.9"),
+        llm_heads=_env("OFFRAMP_LLM_HEADS", "").strip(),
     )
 
 

@@ -47,12 +47,31 @@ def slots_for(llm: LoadedLlm, budget_mb: float, slot_tokens: int) -> int:
     return max(1, int(budget_mb * 2**20 // (per_token * slot_tokens)))
 
 
+def heads_in_use(setting: str, llm: LoadedLlm) -> list[int]:
+    """The exit heads ``OFFRAMP_LLM_HEADS`` names: none by default, since each costs a
+    vocabulary projection (about seven of SmolLM2's layers) on every token it sees."""
+    if not setting:
+        return []
+    if setting == "all":
+        return list(llm.heads.layers)
+    try:
+        layers = [int(x) for x in setting.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"OFFRAMP_LLM_HEADS={setting!r}: give `all` or head layers such as "
+                         f"{','.join(map(str, llm.heads.layers[-2:]))}") from None
+    unknown = sorted(set(layers) - set(llm.heads.layers))
+    if unknown:
+        raise SystemExit(f"OFFRAMP_LLM_HEADS names layers {unknown} without an exit head; "
+                         f"the heads are after layers {llm.heads.layers}")
+    return layers
+
+
 class LlmWorker:
     def __init__(self, nc: Client, cfg: Config, name: str, llm: LoadedLlm, log) -> None:
         self.nc, self.cfg, self.name, self.llm, self.log = nc, cfg, name, llm, log
         self.id = f"{name}-llm-{uuid.uuid4().hex[:6]}"
         self.decoder = LlmDecoder(llm.model, llm.heads)
-        self.thresholds = {k: cfg.llm_threshold for k in llm.heads.layers}
+        self.thresholds = {k: cfg.llm_threshold for k in heads_in_use(cfg.llm_heads, llm)}
         self.slots = slots_for(llm, cfg.kv_budget_mb, cfg.llm_slot_tokens)
         self.slot_tokens = min(cfg.llm_slot_tokens, llm.context)
         self.eos = llm.eos
@@ -196,7 +215,7 @@ async def serve_llm(cfg: Config, stop: asyncio.Event, model: str) -> None:
     runner = supervise("decode", lambda: worker.run(stop), tasks, log)
     log.info("llm worker ready %s", logs.kv(id=worker.id, slots=worker.slots,
                                            layers=worker.decoder.n_layers,
-                                           heads=",".join(map(str, llm.heads.layers)),
+                                           heads=",".join(map(str, worker.thresholds)) or "none",
                                            threshold=cfg.llm_threshold))
     await stop.wait()
     runner.cancel()

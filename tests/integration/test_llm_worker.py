@@ -34,13 +34,14 @@ def llm() -> LoadedLlm:
 
 
 def _serve(llm: LoadedLlm, requests: list[GenerateRequest], threshold: float = 1.0,
-           stagger: int = 0) -> list[list[tuple[str, bytes]]]:
+           stagger: int = 0, heads: str = "all") -> list[list[tuple[str, bytes]]]:
     """Every write the worker makes while serving ``requests`` (the later ones ``stagger``
     rounds after the first)."""
     import services.worker.llm_service as svc
 
     writes: list[list[tuple[str, bytes]]] = []
-    cfg = dataclasses.replace(config_mod.load(), llm_threshold=threshold, kv_budget_mb=64)
+    cfg = dataclasses.replace(config_mod.load(), llm_threshold=threshold, kv_budget_mb=64,
+                              llm_heads=heads)
 
     async def go() -> None:
         original = svc.publish_all
@@ -117,3 +118,16 @@ def test_a_prompt_too_long_for_a_stream_is_refused_and_released(llm):
     assert Results.decode(decode_map(w[1][1])).batch_id == "x"
     writes = _serve(llm, [GenerateRequest("y", "tiny-llm", 4, prompt_tokens=[10**6])])
     assert "vocabulary" in _stream(writes, "y")[0]["error"]["message"]
+
+
+def test_heads_are_evaluated_only_when_named(llm):
+    from services.worker.llm_service import heads_in_use
+
+    assert heads_in_use("", llm) == [] and heads_in_use("all", llm) == [2, 4]
+    assert heads_in_use("4", llm) == [4]
+    for bad in ("3", "x"):
+        with pytest.raises(SystemExit, match="OFFRAMP_LLM_HEADS"):
+            heads_in_use(bad, llm)
+    writes = _serve(llm, [GenerateRequest("n", "tiny-llm", 4, prompt="The sea")],
+                    threshold=0.0, heads="")  # no head named: every token runs every layer
+    assert all(e == 6 for c in _stream(writes, "n")[:-1] for e in c["exits"])

@@ -329,8 +329,13 @@ def distill(model: nn.Module, tokenize: Tokenize, corpus: llm_corpus.Corpus, rec
     return heads, figures, meta
 
 
-def _write(target: Path, heads: ExitHeads, fields: dict) -> LlmManifest:
+def write_artifact(target: Path, heads: ExitHeads, fields: dict,
+                   extra: Callable[[Path], object] | None = None) -> LlmManifest:
+    """``target`` as one staged folder: the heads named after their hash, the manifest with
+    ``fields``, and whatever ``extra`` writes into the folder first."""
     with staged_folder(target) as tmp:
+        if extra is not None:
+            extra(tmp)
         heads.save(tmp / "heads.pt")
         digest = hashlib.sha256((tmp / "heads.pt").read_bytes()).hexdigest()
         file = f"heads-{digest[:16]}.pt"
@@ -360,7 +365,7 @@ def prepare_heads(models_dir: Path, name: str, load: Loader, corpus: llm_corpus.
     cfg = model.config
     meta["seconds"] = {"load_model": loaded_s, **meta["seconds"],
                        "total": time.monotonic() - started}
-    manifest = _write(target, heads, {
+    manifest = write_artifact(target, heads, {
         "name": name, "base": base.location, "tokenizer": base.tokenizer,
         "n_layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size,
         "head_layers": heads.layers, "head_rank": heads.rank, "recipe": fp, "heads": figures,

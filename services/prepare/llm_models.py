@@ -7,13 +7,12 @@ Both leave ``<models_dir>/<name>/`` with a heads file named after its hash and a
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
-from services.prepare.staging import staged_folder
+from services.prepare.llm_heads import prepare_configured, write_artifact
 from services.runtime.llm_heads import RANK, ExitHeads, head_layers
-from services.runtime.llm_manifest import LlmManifest, load_if_intact
+from services.runtime.llm_manifest import load_if_intact
 from services.zoo import tiny_llm
 
 TINY_RECIPE = "tiny-llm-1"  # bump when tiny_llm's model, tokenizer or heads change
@@ -26,23 +25,16 @@ def prepare_tiny(models_dir: Path, force: bool = False,
     if not force and (m := load_if_intact(target, TINY_RECIPE)) is not None:
         log(f"reusing {tiny_llm.NAME} {m.version} at {target}")
         return target
-    with staged_folder(target) as tmp:
-        base = tiny_llm.save(tmp / "base")
-        cfg = tiny_llm.config(1)  # only its shapes: the saved model is the one served
-        layers = head_layers(cfg.num_hidden_layers, TINY_HEADS)
-        heads = ExitHeads(cfg.hidden_size, layers)
-        heads.save(tmp / "heads.pt")
-        digest = hashlib.sha256((tmp / "heads.pt").read_bytes()).hexdigest()
-        file = f"heads-{digest[:16]}.pt"
-        (tmp / "heads.pt").rename(tmp / file)
-        manifest = LlmManifest(
-            tiny_llm.NAME, "", file, digest, {"fp32": str(target / base.name)},
-            str(target / base.name), cfg.num_hidden_layers, cfg.hidden_size,
-            len(tiny_llm.tokenizer()), layers, RANK, TINY_RECIPE,
-            [{"layer": k, "agreement": {"all": None}, "thresholds": []} for k in layers],
-            {"note": tiny_llm.DESCRIPTION})
-        manifest.version = manifest.compute_version()
-        manifest.save(tmp)
+    cfg = tiny_llm.config(1)  # only its shapes: the saved model is the one served
+    layers = head_layers(cfg.num_hidden_layers, TINY_HEADS)
+    base = str(target / "base")
+    manifest = write_artifact(target, ExitHeads(cfg.hidden_size, layers), {
+        "name": tiny_llm.NAME, "base": {"fp32": base}, "tokenizer": base,
+        "n_layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+        "vocab": len(tiny_llm.tokenizer()), "head_layers": layers, "head_rank": RANK,
+        "recipe": TINY_RECIPE,
+        "heads": [{"layer": k, "agreement": {"all": None}, "thresholds": []} for k in layers],
+        "meta": {"note": tiny_llm.DESCRIPTION}}, extra=lambda tmp: tiny_llm.save(tmp / "base"))
     log(f"prepared {tiny_llm.NAME} {manifest.version} at {target}")
     return target
 
@@ -52,6 +44,4 @@ def prepare_llm(name: str, cfg, force: bool = False, log: Callable[[str], None] 
     """Prepare the generative model ``name`` (one of ``registry.LLMS``)."""
     if name == tiny_llm.NAME:
         return prepare_tiny(models_dir or cfg.models_dir, force, log)
-    from services.prepare.llm_heads import prepare_configured
-
     return prepare_configured(cfg, force, log, models_dir)

@@ -34,10 +34,8 @@ class GenerationIntake:
         self.desk = LlmDesk(worker_timeout_s(cfg.heartbeat_ms),
                             transit_margin_s(cfg.heartbeat_ms), cfg.queue_limit)
         self.started = time.monotonic()
-        self.served = self.refused = 0
 
     def _error(self, reply: str, rid: str | None, code: str, message: str) -> None:
-        self.refused += 1
         if reply:
             publish_now(self.nc, reply, encode_error(rid, code, message))
 
@@ -71,7 +69,6 @@ class GenerationIntake:
 
     def dispatch(self, model: str, now: float) -> None:
         for s in self.desk.assign(model, now):
-            self.served += 1
             publish_now(self.nc, subjects.llm_work(s.worker), LlmWork(
                 self.results_subject, s.reply, s.data, (now - s.arrival) * 1e3).encode())
 

@@ -118,6 +118,8 @@ class LlmDesk:
         """Requests that waited for a slot past their deadline: they leave the queue."""
         late: list[Stream] = []
         for q in self.waiting.values():
+            if not any(s.deadline <= now for s in q):  # the sweep's usual case: no copy
+                continue
             late += [s for s in q if s.deadline <= now]
             keep = [s for s in q if s.deadline > now]
             q.clear()

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from services.runtime.manifest import MANIFEST_FILE, sha256_file
+from services.runtime.manifest import MANIFEST_FILE, sha256_file, write_manifest
 
 KIND = "llm"
 
@@ -80,13 +79,7 @@ class LlmManifest:
             return cls.from_dict(json.load(f))
 
     def save(self, model_dir: Path) -> Path:
-        """Write atomically: readers see the old manifest or the new one, never half."""
-        path = Path(model_dir) / MANIFEST_FILE
-        tmp = path.with_name(f".{MANIFEST_FILE}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=1)
-        os.replace(tmp, path)
-        return path
+        return write_manifest(model_dir, self.to_dict())
 
 
 def load_if_intact(model_dir: Path, recipe: str | None = None) -> LlmManifest | None:

@@ -30,6 +30,19 @@ def manifest_kind(model_dir: Path) -> str | None:
     return str(json.loads(path.read_text(encoding="utf-8")).get("kind") or "")
 
 
+def write_manifest(model_dir: Path, doc: dict[str, Any]) -> Path:
+    """Write a manifest atomically and durably: readers see the old one or the new one,
+    never half, and a crash right after leaves the new one on disk."""
+    path = Path(model_dir) / MANIFEST_FILE
+    tmp = path.with_name(f".{MANIFEST_FILE}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -195,12 +208,4 @@ class Manifest:
             return cls.from_dict(json.load(f))
 
     def save(self, model_dir: Path) -> Path:
-        """Write atomically: readers see the old manifest or the new one, never half."""
-        path = Path(model_dir) / MANIFEST_FILE
-        tmp = path.with_name(f".{MANIFEST_FILE}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return path
+        return write_manifest(model_dir, self.to_dict())

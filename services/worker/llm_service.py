@@ -79,7 +79,6 @@ class LlmWorker:
         self.active: dict[str, tuple[GenStream, Sequence]] = {}
         self.wake = asyncio.Event()
         self.rounds = 0
-        self.tokens_out = 0
 
     @property
     def open_ids(self) -> tuple[str, ...]:
@@ -172,7 +171,6 @@ class LlmWorker:
             stream, _seq = self.active[rid]
             messages.append((stream.reply, stream.add(token, layers, now,
                                                       self.llm.tokenizer.decode, self.eos)))
-            self.tokens_out += 1
             if stream.finish:
                 ended.append(stream)
         publish_all(self.nc, messages, self.log)

@@ -117,7 +117,6 @@ class Worker(ComputeMode):
         self.late_answers = 0    # answers past their SLO: the client got deadline_exceeded
         # after a silence its answers go through the router, which may have sent them again
         self.silence = SilenceGuard(cfg.heartbeat_ms / 1e3, transit_margin_s(cfg.heartbeat_ms))
-        self.answered_via_router = 0
         self.backlog = FeedbackBacklog(cfg.feedback_backlog)
         # pooled features at this stage's ramp sites for a sample of inputs (online ramp
         # refits); only the last stage knows the final answers they are labelled with
@@ -588,7 +587,6 @@ class Worker(ComputeMode):
         """On the event loop: the direct answers, or, when the router may have given this
         batch to another worker, the same answers for the router to send."""
         if not self.silence.may_answer_directly(answer[2], time.monotonic()):
-            self.answered_via_router += len(answer[3])
             direct = self._answer_messages(*answer, direct=False)
         self._publish(direct)
         if flush:

@@ -1,10 +1,10 @@
-"""``offramp bench overhead|apparate|chaos|e3|superserve|decode``: measurements that print a table and write JSON."""
+"""``offramp bench overhead|apparate|chaos|e3|superserve|decode|helios``: measurements that print a table and write JSON."""
 
 from __future__ import annotations
 
 import argparse
 
-BENCHES = ("overhead", "apparate", "chaos", "e3", "superserve", "decode")
+BENCHES = ("overhead", "apparate", "chaos", "e3", "superserve", "decode", "helios")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="chaos: requests of the burst scenario (default 20000, --quick 5000)")
     bench.add_argument("--keep-state", action="store_true",
                        help="chaos: keep the private stack's state folder (logs, store)")
-    for more in (e3_arguments, superserve_arguments, decode_arguments):
+    for more in (e3_arguments, superserve_arguments, decode_arguments, helios_arguments):
         more(bench)
     bench.set_defaults(fn=run)
 
@@ -79,6 +79,32 @@ def decode_arguments(bench: argparse.ArgumentParser) -> None:
                        "default all): each costs a vocabulary projection")
     bench.add_argument("--rounds", type=int, default=4,
                        help="decode: batches, each decoded exit-free and with exits")
+
+
+def helios_arguments(bench: argparse.ArgumentParser) -> None:
+    """``offramp bench helios --sim``: HELIOS replayed on recorded exit traces
+    (services/bench/helios.py). It also reads --sim (required: the live mode is not built
+    yet), --threshold, --max-tokens (answer tokens), --prompt-tokens, --heads, --requests
+    (default 600), --seed (the stream's draws) and --plot (default: the JSON's name, .svg)."""
+    bench.add_argument("--models", metavar="A,B",
+                       help="helios: the candidates, prepared generative models (default "
+                       "smollm2-135m); their traces are recorded first when missing")
+    bench.add_argument("--traces", metavar="DIR",
+                       help="helios: trace folder (default $OFFRAMP_HOME/traces/helios)")
+    bench.add_argument("--judge", metavar="MODEL",
+                       help="helios: a prepared model of the same tokenizer whose log-probs "
+                       "score every candidate's tokens (default: each candidate itself)")
+    bench.add_argument("--budget-mb", type=float, metavar="M",
+                       help="helios: memory for weights and KV cache (default: the largest "
+                       "candidate's weights + OFFRAMP_KV_BUDGET_MB)")
+    bench.add_argument("--drift-every", type=int, metavar="K",
+                       help="helios: requests between changes of the stream's text kind "
+                       "(default 100)")
+    bench.add_argument("--ri", type=int, metavar="N",
+                       help="helios: re-assessment interval, requests (default 150)")
+    bench.add_argument("--trace-prompts", type=int, metavar="N",
+                       help="helios: held-out prompts of each text kind a recorded trace "
+                       "holds (default 8); the stream draws from them")
 
 
 def superserve_arguments(bench: argparse.ArgumentParser) -> None:
@@ -149,6 +175,9 @@ def run(args: argparse.Namespace) -> int:
     if args.which == "decode":
         from services.bench.decode import run_decode
         return run_decode(args)
+    if args.which == "helios":
+        from services.bench.helios import run_helios
+        return run_helios(args)
     if args.which == "superserve":
         from services.bench.superserve import run_superserve
         return run_superserve(args)

@@ -50,6 +50,8 @@ POLICY_MODULES = {
     "services.router.workers",
     "services.sim.e3_policies",
     "services.sim.e3_sim",
+    "services.sim.helios_sim",
+    "services.sim.helios_trace",
     "services.sim.variant_sim",
     "services.supernet.subnet",
     "services.tuner.breach_counter",

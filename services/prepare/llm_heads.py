@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from services.prepare import llm_generations
 from services.prepare.staging import staged_folder
 from services.runtime.llm_heads import RANK, ExitHeads, head_layers
 from services.runtime.llm_manifest import LlmManifest, load_if_intact
@@ -51,6 +52,11 @@ class Recipe:
     top_k: int = 32             # teacher ids kept per token (the rest is one lumped mass)
     train_windows: int = 160    # per text kind
     held_windows: int = 24      # per text kind
+    # windows of the model's own greedy continuation of a document's opening, per text kind
+    # (services.prepare.llm_generations): the text heads answer on when serving
+    generated_windows: int = 64
+    held_generated_windows: int = 8
+    generated_prompt: int = 32  # tokens of the opening; the rest of the window is generated
     epochs: int = 4
     batch_tokens: int = 256     # tokens per Adam step (their top-k union is the vocabulary)
     # uniformly drawn extra vocabulary per step: without them a token no teacher ever ranks
@@ -98,6 +104,9 @@ class Ticker:
         if time.monotonic() - self.last >= self.every_s:
             self.last = time.monotonic()
             self.log(make())
+
+    def say(self, line: str) -> None:
+        self(lambda: line)
 
 
 # ------------------------------------------------------------------------ text
@@ -289,6 +298,26 @@ def fingerprint(recipe: Recipe, corpus_key: str, weights_key: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def add_generations(model: nn.Module, tokenize: Tokenize, corpus: llm_corpus.Corpus,
+                    recipe: Recipe, train_w: dict[str, torch.Tensor],
+                    held_w: dict[str, torch.Tensor], log: Log = print) -> None:
+    """Add a ``<kind>-generated`` kind of windows per text kind: the model continuing
+    openings of the kind's training documents (held-out ones for the held-out windows)."""
+    new = recipe.window - recipe.generated_prompt
+    if recipe.generated_windows <= 0 or new <= 0:
+        return
+    started = time.monotonic()
+    log(f"generating: {recipe.generated_windows} + {recipe.held_generated_windows} "
+        f"continuations of {new} tokens per kind")
+    for kind in corpus.kinds:
+        for docs, count, into in ((corpus.train[kind], recipe.generated_windows, train_w),
+                                  (corpus.held[kind], recipe.held_generated_windows, held_w)):
+            prompts = llm_generations.prompts_of(tokenize, docs, recipe.generated_prompt, count)
+            into[f"{kind}-generated"] = llm_generations.generated_windows(
+                model, prompts, new, log=Ticker(log).say)
+    log(f"generated in {time.monotonic() - started:.0f} s")
+
+
 def distill(model: nn.Module, tokenize: Tokenize, corpus: llm_corpus.Corpus, recipe: Recipe,
             log: Log = print) -> tuple[ExitHeads, list[dict], dict]:
     """Train the heads of ``model`` on ``corpus``: (heads, per-head figures, meta)."""
@@ -301,10 +330,13 @@ def distill(model: nn.Module, tokenize: Tokenize, corpus: llm_corpus.Corpus, rec
                for k in corpus.kinds}
     held_w = {k: token_windows(tokenize, corpus.held[k], recipe.window, recipe.held_windows)
               for k in corpus.kinds}
+    add_generations(model, tokenize, corpus, recipe, train_w, held_w, log)
+    seconds["generate"] = time.monotonic() - started
+    started = time.monotonic()
     n_train = sum(w.numel() for w in train_w.values())
     n_held = sum(w.numel() for w in held_w.values())
     log(f"teacher pass: {n_train:,} training + {n_held:,} held-out tokens "
-        f"({', '.join(corpus.kinds)}), heads after layers {layers}")
+        f"({', '.join(train_w)}), heads after layers {layers}")
     train = teacher_pass(model, train_w, layers, recipe.top_k, dtype=torch.bfloat16, log=log)
     held = teacher_pass(model, held_w, layers, recipe.top_k, log=log)
     seconds["teacher"] = time.monotonic() - started

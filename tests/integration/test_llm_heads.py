@@ -18,13 +18,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from services.cli.main import main
 from services.cli.prepare import llm_table
 from services.prepare import llm_heads as lh
-from services.runtime.llm_heads import ExitHeads
+from services.runtime.llm_heads import ExitHeads, VocabSketch
 from services.runtime.llm_manifest import LlmManifest, load_if_intact
 from services.zoo import llm_corpus, smollm2
 
 RECIPE = lh.Recipe(heads=2, rank=8, window=32, top_k=8, train_windows=48, held_windows=8,
                    epochs=6, batch_tokens=64, negatives=16, lr=1e-2, baseline_tokens=256,
-                   thresholds=(0.2, 0.5, 0.9))
+                   thresholds=(0.2, 0.5, 0.9), generated_windows=4, held_generated_windows=2,
+                   generated_prompt=12)
 BASE = lh.Base({"note": "tiny random llama"}, tokenizer="bytes", key="tiny")
 
 
@@ -83,13 +84,15 @@ def test_training_beats_the_untrained_head_on_held_out_text(prepared):
     lower = m.head(2)
     assert lower["agreement"]["all"] > fresh[2]["agreement"]["all"] + 0.05
     assert lower["agreement"]["all"] > lower["untrained_agreement"]
-    assert set(lower["agreement"]) == {"all", "prose", "code"}
+    assert set(lower["agreement"]) == {"all", "prose", "code", "prose-generated",
+                                       "code-generated"}
 
 
 def held_teacher(model) -> lh.Teacher:
     corpus = synthetic_corpus()
     windows = {k: lh.token_windows(byte_tokenize, corpus.held[k], RECIPE.window,
                                    RECIPE.held_windows) for k in corpus.kinds}
+    lh.add_generations(model, byte_tokenize, corpus, RECIPE, {}, windows, log=lambda s: None)
     return lh.teacher_pass(model, windows, [2, 4], RECIPE.top_k, log=lambda s: None)
 
 
@@ -182,3 +185,25 @@ def test_token_windows_cut_the_joined_stream_in_order():
     assert w.tolist() == [[97, 98, 99], [10, 10, 100], [101, 10, 10]]
     assert lh.token_windows(byte_tokenize, ["abc", "de"], window=4, count=1).tolist() == [
         [97, 98, 99, 10]]
+
+
+def test_vocab_sketch_finds_the_top_token_and_its_probability():
+    gen = torch.Generator().manual_seed(0)
+    # like a trained embedding, most of its energy in a few directions
+    embed = (torch.randn(512, 8, generator=gen) @ torch.randn(8, 32, generator=gen)
+             + 0.3 * torch.randn(512, 32, generator=gen))
+    z = torch.randn(6, 32, generator=gen) / 4
+    z[:3] = embed[[7, 100, 300]] / 2  # confident rows
+    p, t = torch.softmax(z @ embed.T, -1).max(-1)
+    full = VocabSketch(embed, rank=32, shortlist=1)  # full rank: sketched logits are exact
+    fp, ft = full.top(z)
+    assert torch.equal(ft, t) and torch.allclose(fp, p, atol=1e-4)
+    every = VocabSketch(embed, rank=4, shortlist=512)  # every token rescored exactly
+    ep, et = every.top(z)
+    assert torch.equal(et, t) and torch.allclose(ep, p, atol=1e-4)
+    cheap = VocabSketch(embed, rank=8, shortlist=16)
+    cp, ct = cheap.top(z)
+    assert ct.tolist()[:2] == [7, 100] and torch.equal(ct, t)
+    assert torch.allclose(cp, p, atol=0.01)
+    with pytest.raises(ValueError, match="rank"):
+        VocabSketch(embed, rank=33)

@@ -118,13 +118,13 @@ def run_decode(args) -> int:
     per_kind = max(1, args.batch * args.rounds // len(corpus.kinds))
     prompts = [p for kind in corpus.kinds
                for p in prompts_of(llm.tokenizer, corpus.held[kind], per_kind, args.prompt_tokens)]
-    decoder = LlmDecoder(llm.model, llm.heads, exact_heads=args.exact_heads)
+    decoder = LlmDecoder(llm.model, llm.heads)
     heads = ([int(k) for k in args.heads.split(",")] if args.heads else llm.heads.layers)
     thresholds = {k: args.threshold for k in heads}  # heads not named are not evaluated
     free, ee = [], []
     print(f"decode bench: {model}, {len(prompts)} prompts of {args.prompt_tokens} tokens, "
           f"batch {args.batch}, {args.max_tokens} tokens each, threshold {args.threshold} at "
-          f"heads {heads} ({'exact' if args.exact_heads else 'vocabulary sketch'})", flush=True)
+          f"heads {heads}", flush=True)
     for i in range(0, len(prompts) - args.batch + 1, args.batch):
         batch = prompts[i:i + args.batch]
         pair = [("free", {}), ("exits", thresholds)]
@@ -138,7 +138,6 @@ def run_decode(args) -> int:
               "threshold": args.threshold, "batch": args.batch, "max_tokens": args.max_tokens,
               "prompt_tokens": args.prompt_tokens, "rounds": len(free),
               "threads": torch.get_num_threads(), "layers": n, "heads": heads,
-              "head_projection": "exact" if args.exact_heads else "sketch",
               "exit_free": summarise(free, n, args.batch, args.max_tokens),
               "exits": summarise(ee, n, args.batch, args.max_tokens, free)}
     result["speedup"] = result["exits"]["tokens_per_s"] / result["exit_free"]["tokens_per_s"]

@@ -79,9 +79,6 @@ def decode_arguments(bench: argparse.ArgumentParser) -> None:
                        "default all): each costs a vocabulary projection")
     bench.add_argument("--rounds", type=int, default=4,
                        help="decode: batches, each decoded exit-free and with exits")
-    bench.add_argument("--exact-heads", action="store_true",
-                       help="decode: heads project onto the whole vocabulary (default: through "
-                       "a low-rank sketch, rescoring its best guesses exactly)")
 
 
 def helios_arguments(bench: argparse.ArgumentParser) -> None:

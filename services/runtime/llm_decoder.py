@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from services.runtime.llm_heads import SKETCH_RANK, ExitHeads, VocabSketch
+from services.runtime.llm_heads import ExitHeads
 from services.runtime.llm_kv import Sequence
 
 __all__ = ["DebugLog", "Feedback", "LlmDecoder", "Sequence", "StepResult"]
@@ -84,14 +84,9 @@ class LlmDecoder:
     """Greedy early-exit decoding of a HF ``LlamaForCausalLM`` with an explicit KV cache."""
 
     def __init__(self, model: nn.Module, heads: ExitHeads | None, depth: int | None = None,
-                 *, keep_logits: bool = False, debug: bool = False,
-                 exact_heads: bool = False) -> None:
+                 *, keep_logits: bool = False, debug: bool = False) -> None:
         self.model = model.eval()
         self.heads = heads.eval() if heads is not None else None
-        # heads decide through a sketch of the vocabulary unless their logits are kept
-        embed = model.lm_head.weight
-        self.sketch = (VocabSketch(embed, rank=min(SKETCH_RANK, embed.shape[1] // 2))
-                       if heads is not None and not (exact_heads or keep_logits) else None)
         self.n_layers = int(model.config.num_hidden_layers)
         self.keep_logits = keep_logits
         self.debug = DebugLog() if debug else None
@@ -152,9 +147,6 @@ class LlmDecoder:
         for module in modules:
             for param in module.parameters():
                 seen[param.data_ptr()] = param.numel() * param.element_size()
-        if self.sketch is not None:
-            for t in (self.sketch.a, self.sketch.b):
-                seen[t.data_ptr()] = t.numel() * t.element_size()
         return sum(seen.values())
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
@@ -273,20 +265,15 @@ class LlmDecoder:
                   and threshold <= 1.0):
             return []
         last = x[[s.rows.stop - 1 for s in spans]]
-        logits = None
         if layer == self.n_layers:
             logits = self._final_logits(last)
-        elif self.sketch is not None:
-            assert self.heads is not None
-            confidence, tokens = self.heads[layer].top(last, self.model.model.norm, self.sketch)
         else:
             logits = self._head_logits(layer, last)
-        if logits is not None:
-            confidence, tokens = logits.float().softmax(-1).max(-1)
+        confidence, tokens = logits.float().softmax(-1).max(-1)
         answers = []
         for r, s in enumerate(spans):
             if confidence[r].item() >= threshold:
-                kept = logits[r].clone() if self.keep_logits and logits is not None else None
+                kept = logits[r].clone() if self.keep_logits else None
                 answers.append((s.index, StepResult(
                     seqs[s.index].request_id, int(tokens[r]), layer,
                     float(confidence[r]), logits=kept)))

@@ -20,8 +20,6 @@ import torch
 from torch import nn
 
 RANK = 64  # the correction's rank: 74 K parameters per head on a 576-wide model
-SKETCH_RANK = 64  # the vocabulary sketch's rank: a ninth of the projection's work
-SHORTLIST = 32  # tokens the sketch's best guesses are rescored exactly over
 
 
 def head_layers(n_layers: int, count: int) -> list[int]:
@@ -55,11 +53,6 @@ class ExitHead(nn.Module):
         model's final norm and its (tied) output embedding ``embed`` (``vocab x hidden``)."""
         return nn.functional.linear(final_norm(self.corrected(h)), embed)
 
-    def top(self, h: torch.Tensor, final_norm: nn.Module,
-            sketch: VocabSketch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(probability, token) of the top token, through ``sketch`` of the embedding."""
-        return sketch.top(final_norm(self.corrected(h)))
-
 
 class ExitHeads(nn.Module):
     """The heads of one model, keyed by exit layer."""
@@ -88,38 +81,3 @@ class ExitHeads(nn.Module):
         heads = cls(int(blob["hidden"]), [int(k) for k in blob["layers"]], int(blob["rank"]))
         heads.load_state_dict(blob["state"])
         return heads.eval()
-
-
-class VocabSketch:
-    """The top token and its probability under ``logits = z @ embed.T`` for a fraction of
-    the projection's cost: what an exit decision needs, since most tokens do not exit.
-
-    A head's projection onto a 49,152-token vocabulary costs as much as seven of
-    SmolLM2's 30 layers, so heads computed in full slow decoding down. The sketch is
-    ``embed``'s best rank-``rank`` factorisation (``embed ~ a @ b``, from the eigenvectors
-    of ``embed.T @ embed``): it ranks the vocabulary, the ``shortlist`` best are rescored
-    with their exact embedding rows, and the softmax runs over the exact logits of those
-    and the sketched ones of the rest. The chosen token is the exact argmax whenever the
-    sketch ranks it among the shortlist, and a confident token's exact logit dominates the
-    normaliser, so the probability is close where it matters (at high confidence).
-    """
-
-    def __init__(self, embed: torch.Tensor, rank: int = SKETCH_RANK,
-                 shortlist: int = SHORTLIST) -> None:
-        if not 0 < rank <= embed.shape[1] or shortlist < 1:
-            raise ValueError(f"sketch rank {rank} / shortlist {shortlist} do not fit "
-                             f"an embedding of {tuple(embed.shape)}")
-        e = embed.detach().float()
-        _, vectors = torch.linalg.eigh(e.T @ e)  # ascending eigenvalues
-        self.b = vectors[:, -rank:].T.contiguous()  # rank x hidden
-        self.a = (e @ self.b.T).contiguous()        # vocab x rank
-        self.embed = e
-        self.shortlist = min(shortlist, e.shape[0])
-
-    def top(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(probability, token) of the top token for each row of ``z`` (rows x hidden)."""
-        logits = (z.float() @ self.b.T) @ self.a.T
-        best = logits.topk(self.shortlist, -1).indices
-        exact = torch.einsum("rkh,rh->rk", self.embed[best], z.float())
-        logits.scatter_(1, best, exact)
-        return logits.softmax(-1).max(-1)

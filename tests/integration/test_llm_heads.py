@@ -18,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from services.cli.main import main
 from services.cli.prepare import llm_table
 from services.prepare import llm_heads as lh
-from services.runtime.llm_heads import ExitHeads, VocabSketch
+from services.runtime.llm_heads import ExitHeads
 from services.runtime.llm_manifest import LlmManifest, load_if_intact
 from services.zoo import llm_corpus, smollm2
 
@@ -186,24 +186,3 @@ def test_token_windows_cut_the_joined_stream_in_order():
     assert lh.token_windows(byte_tokenize, ["abc", "de"], window=4, count=1).tolist() == [
         [97, 98, 99, 10]]
 
-
-def test_vocab_sketch_finds_the_top_token_and_its_probability():
-    gen = torch.Generator().manual_seed(0)
-    # like a trained embedding, most of its energy in a few directions
-    embed = (torch.randn(512, 8, generator=gen) @ torch.randn(8, 32, generator=gen)
-             + 0.3 * torch.randn(512, 32, generator=gen))
-    z = torch.randn(6, 32, generator=gen) / 4
-    z[:3] = embed[[7, 100, 300]] / 2  # confident rows
-    p, t = torch.softmax(z @ embed.T, -1).max(-1)
-    full = VocabSketch(embed, rank=32, shortlist=1)  # full rank: sketched logits are exact
-    fp, ft = full.top(z)
-    assert torch.equal(ft, t) and torch.allclose(fp, p, atol=1e-4)
-    every = VocabSketch(embed, rank=4, shortlist=512)  # every token rescored exactly
-    ep, et = every.top(z)
-    assert torch.equal(et, t) and torch.allclose(ep, p, atol=1e-4)
-    cheap = VocabSketch(embed, rank=8, shortlist=16)
-    cp, ct = cheap.top(z)
-    assert ct.tolist()[:2] == [7, 100] and torch.equal(ct, t)
-    assert torch.allclose(cp, p, atol=0.01)
-    with pytest.raises(ValueError, match="rank"):
-        VocabSketch(embed, rank=33)

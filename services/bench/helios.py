@@ -43,11 +43,12 @@ MB = 1 << 20
 CHOICES = (
     ("replay simulation: every token, exit and judge log-prob comes from the recorded "
      "traces; every time is modeled from their timing profiles"),
-    ("decode step at batch B = LM head(B) + mean layers run x per-layer(B), per-layer(B) = "
-     "(full step - LM head) / layers, measured at batches 1-8; linear between, linearly "
-     "extrapolated beyond (not capped)"),
-    ("a token runs min(needed exit, loaded depth) layers; deferred KV and the exit heads' "
-     "own projections are not charged (this favours the alone baselines)"),
+    ("decode step at batch B loaded to depth d = d x per-layer(B) + (1 + heads scored) x "
+     "LM head(B), per-layer(B) = (full step - LM head) / layers, measured at batches 1-64; "
+     "linear between, linearly extrapolated beyond"),
+    ("a token costs every loaded layer wherever it exits (parallel decoding computes the "
+     "skipped layers' KV in the next step) plus one vocabulary projection per exit head "
+     "scored up to its exit: an exit saves latency, a shallower load saves work"),
     ("batch = the largest that fits the memory budget at the loaded depth (KV for prompt + "
      "answer tokens per request); the server is saturated, every batch full"),
     ("TTFT = the prompt pass at batch 1 through the loaded layers (+ a load stall); TPOT = "

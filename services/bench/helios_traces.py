@@ -26,7 +26,7 @@ File format: gzip JSON, ``<traces dir>/<candidate>.json.gz``::
      "new_tokens": 64, "prompt_tokens": 32,
      "memory": {"layer_bytes": int, "fixed_bytes": int, "kv_bytes_per_token_layer": int,
                 "dtype_bytes": 4},
-     "timing": {"batches": [1, 2, 4, 8], "step_ms": [...], "lm_head_ms": [...],
+     "timing": {"batches": [1, 4, 16, 64], "step_ms": [...], "lm_head_ms": [...],
                 "prefill_ms": float, "context_tokens": int, "repeats": int, "threads": int},
      "prompts": [{"id": "<sha256 of the text, 16 hex>", "kind": "prose", "prompt_tokens": 32,
                   "full": {"token": [...], "logprob": [...], "judge_logprob": [...]},
@@ -55,7 +55,7 @@ from services.sim.helios_trace import CandidateTrace, HeadTrace, PromptTrace, Ti
 
 FORMAT = "offramp-helios-trace"
 VERSION = 1
-BATCHES = (1, 2, 4, 8)
+BATCHES = (1, 4, 16, 64)  # up to where a 2-core CPU is compute-bound
 REPEATS = 5
 
 

@@ -79,6 +79,9 @@ def decode_arguments(bench: argparse.ArgumentParser) -> None:
                        "default all): each costs a vocabulary projection")
     bench.add_argument("--rounds", type=int, default=4,
                        help="decode: batches, each decoded exit-free and with exits")
+    bench.add_argument("--bounds", action="store_true",
+                       help="decode: replay the model's recorded trace (bench helios --sim "
+                       "records it) through exit rules: the most its heads can save")
 
 
 def helios_arguments(bench: argparse.ArgumentParser) -> None:
@@ -172,6 +175,9 @@ def run(args: argparse.Namespace) -> int:
     if args.which == "e3":
         from services.bench.e3 import run_e3
         return run_e3(args)
+    if args.which == "decode" and args.bounds:
+        from services.bench.decode_bounds import run_bounds
+        return run_bounds(args)
     if args.which == "decode":
         from services.bench.decode import run_decode
         return run_decode(args)

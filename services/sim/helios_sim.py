@@ -19,15 +19,16 @@ Modeled, never measured here (units: ms, bytes, tokens/s):
 - Batch: the largest that fits the memory budget at the loaded depth (``helios.max_batch``,
   KV for ``prompt_tokens + new_tokens`` per request). Choice: the server is saturated, so
   every batch is full.
-- Decode step at batch ``B`` whose rows run ``L`` layers on average:
-  ``fixed(B) + L * per_layer(B)``; ``fixed`` is the measured LM head, ``per_layer`` is
-  (full step - LM head) / n_layers. Choice: a token costs the layers it runs
-  (``min(needed, d)``), as ``helios.expected_tokens_per_s`` assumes, so the PHT figures the
-  policy reads and the replay agree; the deferred KV of skipped layers and the exit heads'
-  own projections are not charged (for any policy: this favours the alone baselines).
-  Between measured batch sizes linear interpolation; Choice: beyond the largest measured
-  batch, linear extrapolation from the last two (slope >= 0), not a cap: a cap would make
-  the large batches greedy loading frees cost nothing.
+- Decode step at batch ``B`` loaded to depth ``d``: ``d * per_layer(B) + (1 + H) *
+  fixed(B)``; ``fixed`` is the measured LM head, ``per_layer`` is (full step - LM head) /
+  n_layers, ``H`` the mean number of exit heads a token is scored by (every head up to the
+  one it leaves at: each projects onto the vocabulary like the LM head). Choice: a token costs
+  every loaded layer, wherever it exits: parallel decoding computes the skipped layers' KV
+  in the next step (``runtime.llm_decoder``), so an exit saves latency, not work, and only a
+  shallower load saves work. The policy's own estimate (``helios.expected_tokens_per_s``,
+  batch 1 as in 004 §5.1) charges ``min(exit, d)`` instead; the replay is the truth it is
+  judged by. Between measured batch sizes linear interpolation; Choice: beyond the largest
+  measured batch, linear extrapolation from the last two (slope >= 0).
 - A request of ``N`` tokens takes its prompt's prefill (batch 1 at the loaded depth:
   ``fixed(1) + d * (prefill - fixed(1)) / n_layers``) plus ``N * step / B`` (its share of
   the batch's steps). TTFT = prefill (+ any load stall just before it); TPOT = step.
@@ -278,7 +279,9 @@ class _Replay:
         if batch < 1:
             raise ValueError(f"{name}@{depth} does not fit the memory budget")
         layers = sum(exits) / len(exits)
-        tpot, prefill = t.timing.step(layers, batch), t.timing.prefill(depth)
+        heads = sum(sum(1 for h in t.head_layers if h <= e) for e in exits) / len(exits)
+        tpot = t.timing.step(depth, batch) + heads * t.timing.fixed_ms(batch)
+        prefill = t.timing.prefill(depth)
         ttft, self.stall_ms = prefill + self.stall_ms, 0.0
         time_ms = prefill + len(exits) * tpot / batch
         row = Served(n, prompt.kind, name, depth, batch, evaluation, len(exits), layers,

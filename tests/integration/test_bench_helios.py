@@ -108,6 +108,14 @@ def test_bench_helios_sim_end_to_end(home: Path, tmp_path: Path,
     assert main(run_args(tmp_path / "again.json", 20)) == 0
     assert "recording" not in capsys.readouterr().out
     assert len(json.loads((tmp_path / "again.json").read_text())["stream_kinds"]) == 20
+    # the exit-rule bounds replay the same trace; a model without one is told how to record it
+    bounds = tmp_path / "bounds.json"
+    assert main(["bench", "decode", "--bounds", "--model", "tiny-llm", "--json", str(bounds)]) == 0
+    rules = json.loads(bounds.read_text())["rules"]
+    assert rules[0]["rule"] == "oracle, all heads" and rules[0]["agreement"] == 1.0
+    assert all(1.0 <= r["bound"] and 0 <= r["agreement"] <= 1 for r in rules)
+    assert main(["bench", "decode", "--bounds", "--model", "nope", "--json", str(bounds)]) == 2
+    assert "bench helios --sim --models nope" in capsys.readouterr().out
 
 
 def test_without_sim_the_live_mode_is_refused(tmp_path: Path, capsys):

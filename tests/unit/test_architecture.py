@@ -52,6 +52,7 @@ POLICY_MODULES = {
     "services.sim.e3_sim",
     "services.sim.helios_sim",
     "services.sim.helios_trace",
+    "services.sim.exit_rules",
     "services.sim.variant_sim",
     "services.supernet.subnet",
     "services.tuner.breach_counter",

@@ -109,7 +109,9 @@ def test_alone_arithmetic_of_tokens_perplexity_agreement_and_time():
     assert s["token_agreement"] == 0.75
     # weights 20 + 4 * 10 = 60; KV 4 layers x 6 tokens = 24 per request: batch 5
     assert s["largest_batch"] == 5 and s["breaches"] == 0
-    tpot = 1.0 + (2 + 4 + 2 + 4) / 4 * 1.0  # the LM head + mean layers x 1 ms
+    # every token runs all 4 loaded layers (the deferred KV of an exit) at 1 ms, and the
+    # LM head (1 ms) plus head 2, which scores every token (1 ms)
+    tpot = 4 * 1.0 + (1 + 1) * 1.0
     assert s["tpot_ms"] == pytest.approx(tpot)
     assert s["ttft_ms"] == pytest.approx(3.0)
     assert s["tokens_per_s"] == pytest.approx(8 * 1000 / (2 * (3.0 + 4 * tpot / 5)))

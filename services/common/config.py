@@ -71,7 +71,7 @@ class Config:
     llm_slot_tokens: int = 1024
     llm_threshold: float = 0.9
     # the exit heads an LLM worker evaluates ("" none, "all", or layers "24,27"): each costs
-    # a vocabulary projection, about seven of SmolLM2's layers (docs/benchmarks.md)
+    # a vocabulary projection, about five of SmolLM2's layers at batch 1 (docs/benchmarks.md)
     llm_heads: str = ""
 
     def as_env(self) -> dict[str, str]:

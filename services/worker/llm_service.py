@@ -49,7 +49,7 @@ def slots_for(llm: LoadedLlm, budget_mb: float, slot_tokens: int) -> int:
 
 def heads_in_use(setting: str, llm: LoadedLlm) -> list[int]:
     """The exit heads ``OFFRAMP_LLM_HEADS`` names: none by default, since each costs a
-    vocabulary projection (about seven of SmolLM2's layers) on every token it sees."""
+    vocabulary projection (about five of SmolLM2's layers at batch 1) on every token it sees."""
     if not setting:
         return []
     if setting == "all":

@@ -2,7 +2,9 @@
 a free slot of an LLM worker of the model, and hands the request over; the worker streams
 to the client. Every request gets a terminal message: the worker's, or an error from here
 (bad input, unknown model, no worker, a full queue, no slot before its first-token SLO, or
-its worker lost mid-stream). The bookkeeping is ``llm_desk.LlmDesk``."""
+its worker lost mid-stream). The bookkeeping is ``llm_desk.LlmDesk``. Errors answered here
+are stored as request rows (through the router's outbox); the worker stores the streams it
+ends."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from schemas.errors import ServingError
 from schemas.generation import LlmWork, decode_generate_request
 from schemas.heartbeat import Heartbeat, transit_margin_s, worker_timeout_s
 from schemas.messages import decode_map, encode_error, request_id_of
+from schemas.telemetry import RequestRecord
 from services.common.config import Config
 from services.common.hotpath import publish_now
 from services.router.admission import NO_WORKER_GRACE_S
@@ -27,17 +30,26 @@ DEFAULT_WAIT_S = 30.0
 
 class GenerationIntake:
     def __init__(self, nc, cfg: Config, llm_models: set[str], results_subject: str,
-                 log) -> None:
-        self.nc, self.log = nc, log
+                 log, outbox=None) -> None:
+        self.nc, self.log, self.outbox = nc, log, outbox
         self.llm_models = llm_models          # configured: served even before a worker joins
         self.results_subject = results_subject
         self.desk = LlmDesk(worker_timeout_s(cfg.heartbeat_ms),
                             transit_margin_s(cfg.heartbeat_ms), cfg.queue_limit)
         self.started = time.monotonic()
 
-    def _error(self, reply: str, rid: str | None, code: str, message: str) -> None:
-        if reply:
-            publish_now(self.nc, reply, encode_error(rid, code, message))
+    def _error(self, reply: str, rid: str | None, code: str, message: str,
+               model: str | None = None, arrival: float | None = None) -> None:
+        """Answer with an error; for a model served here, store its request row too
+        (``arrival``: monotonic time the request came)."""
+        data = encode_error(rid, code, message)
+        if self.outbox is not None and model is not None and model in self.served_models():
+            now = time.monotonic()
+            came = now if arrival is None else arrival
+            record = RequestRecord(rid, time.time() - (now - came), (now - came) * 1e3, code)
+            self.outbox.answer(model, record, reply or None, data)
+        elif reply:
+            publish_now(self.nc, reply, data)
 
     def on_generate(self, msg: Msg) -> None:
         now = time.monotonic()
@@ -60,7 +72,7 @@ class GenerationIntake:
                 raise ServingError(errors.OVERLOADED, f"{self.desk.queue_limit} generation "
                                    f"requests for {model!r} already wait for a slot")
         except ServingError as exc:
-            self._error(msg.reply, request_id_of(msg.data), exc.code, exc.message)
+            self._error(msg.reply, request_id_of(msg.data), exc.code, exc.message, model, now)
             return
         self.dispatch(model, now)
 
@@ -93,7 +105,8 @@ class GenerationIntake:
         for s in self.desk.lost(heard_until):
             self.log.warning("llm worker lost, stream ended id=%s worker=%s", s.id, s.worker)
             self._error(s.reply, s.id, errors.NO_WORKERS, f"the LLM worker serving it "
-                        f"({s.worker}) was lost; tokens already streamed stand")
+                        f"({s.worker}) was lost; tokens already streamed stand", s.model,
+                        s.arrival)
         for s in self.desk.late(now):  # waits judged on the router's own clock
             self._error(s.reply, s.id, errors.DEADLINE_EXCEEDED, "no LLM worker slot was free "
-                        "before its first-token deadline")
+                        "before its first-token deadline", s.model, s.arrival)

@@ -131,7 +131,7 @@ class Router:
         self.batches = 0
         self.outbox = Outbox(nc, self.id, log)
         self.generation = GenerationIntake(nc, cfg, llm_models or set(),
-                                           subjects.results(self.id), log)
+                                           subjects.results(self.id), log, self.outbox)
 
     # ------------------------------------------------------------------ intake
 

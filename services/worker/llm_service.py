@@ -7,7 +7,8 @@ every layer). Each decoding round prefills the streams that joined and advances 
 stream by one token, in one torch call off the event loop; a token that an exit head is
 sure of (``OFFRAMP_LLM_THRESHOLD``) is emitted at once and its deeper layers' KV is filled
 in the next round (Apparate's parallel decoding). Chunks go straight to each client; the
-terminal message and the router's release leave in one write.
+stream's request row (``requests``: status, latency, and the candidate and depth that served
+it as ``variant``), its terminal message and the router's release leave in one write.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from schemas.errors import ServingError
 from schemas.generation import LlmWork, decode_generate_request
 from schemas.heartbeat import Heartbeat
 from schemas.messages import Results, decode_map, encode_error, request_id_of
+from schemas.telemetry import OK, RequestRecord, RequestTelemetry
 from services.common import bus, logs
 from services.common.config import Config
 from services.common.hotpath import publish_all, subscribe_direct
@@ -79,6 +81,7 @@ class LlmWorker:
         self.active: dict[str, tuple[GenStream, Sequence]] = {}
         self.wake = asyncio.Event()
         self.rounds = 0
+        self.records_sent = 0  # request-row messages, numbered for the monitor's dedup
 
     @property
     def open_ids(self) -> tuple[str, ...]:
@@ -93,6 +96,7 @@ class LlmWorker:
             self.log.error("dropping malformed llm work: %s", exc.message)
             return
         rid = request_id_of(work.request)
+        received = time.time() - work.waited_ms / 1e3
         try:
             req = decode_generate_request(decode_map(work.request), self.name)
             prompt = self._tokenize(req)
@@ -101,14 +105,17 @@ class LlmWorker:
             if problem:
                 raise ServingError(errors.BAD_REQUEST, problem)
         except ServingError as exc:
-            self._end(work.reply, work.router, rid or "", encode_error(rid, exc.code, exc.message))
+            self._end(work.reply, work.router, rid or "", encode_error(rid, exc.code, exc.message),
+                      RequestRecord(rid, received, (time.time() - received) * 1e3, exc.code))
             return
         except Exception as exc:  # noqa: BLE001 - a tokenizer failure is the request's error
             self._end(work.reply, work.router, rid or "", encode_error(
-                rid, errors.BAD_REQUEST, f"cannot tokenise the prompt: {exc!r}"))
+                rid, errors.BAD_REQUEST, f"cannot tokenise the prompt: {exc!r}"),
+                RequestRecord(rid, received, (time.time() - received) * 1e3, errors.BAD_REQUEST))
             return
         self.waiting.append(GenStream(req, work.reply, work.router, prompt, time.monotonic(),
-                                      min(req.max_tokens, self.slot_tokens - len(prompt))))
+                                      min(req.max_tokens, self.slot_tokens - len(prompt)),
+                                      received))
         self.wake.set()
 
     def _tokenize(self, req) -> list[int]:
@@ -121,12 +128,25 @@ class LlmWorker:
                                                 return_dict=False))
         return list(tok.encode(req.prompt))
 
-    def _end(self, reply: str, router: str, rid: str, terminal: bytes) -> None:
-        """A stream's terminal message and the router's release, in one write."""
+    def _end(self, reply: str, router: str, rid: str, terminal: bytes,
+             record: RequestRecord) -> None:
+        """A stream's request row, terminal message and the router's release, in one
+        write."""
         empty = np.zeros(0, np.int32)
         release = Results(rid, self.id, 0, [], empty, empty.astype(np.float32), empty, None,
                           False, 0, release=True).encode()
-        publish_all(self.nc, [(reply, terminal), (router, release)], self.log)
+        self.records_sent += 1
+        row = RequestTelemetry(self.name, self.id, [record]).encode()
+        # the row first, as every answer's record (schemas/README.md, "Request telemetry")
+        publish_all(self.nc, [(subjects.telemetry_requests(self.name), row,
+                               f"{self.id}:r{self.records_sent}"),
+                              (reply, terminal), (router, release)], self.log)
+
+    def _row(self, s: GenStream, status: str) -> RequestRecord:
+        """The request row of stream ``s`` ending now with ``status``."""
+        served = f"{self.name}@{self.decoder.depth}" if status == OK else None
+        return RequestRecord(s.id, s.received, (time.time() - s.received) * 1e3, status,
+                             variant=served)
 
     # ------------------------------------------------------------------ decoding
 
@@ -151,7 +171,8 @@ class LlmWorker:
                 for s in new + [s for s, _ in running]:
                     self.active.pop(s.id, None)
                     self._end(s.reply, s.router, s.id, encode_error(
-                        s.id, errors.INTERNAL, f"decoding failed: {exc!r}"))
+                        s.id, errors.INTERNAL, f"decoding failed: {exc!r}"),
+                        self._row(s, errors.INTERNAL))
                 continue
             self._publish_round(out)
 
@@ -177,7 +198,7 @@ class LlmWorker:
         for stream in ended:
             del self.active[stream.id]
             self._end(stream.reply, stream.router, stream.id,
-                      stream.done(now, self.name, self.decoder.depth))
+                      stream.done(now, self.name, self.decoder.depth), self._row(stream, OK))
 
     # ------------------------------------------------------------------ liveness
 
@@ -197,7 +218,8 @@ class LlmWorker:
         """Stopping: every open stream ends with an error, none silently."""
         for s in list(self.waiting) + [s for s, _ in self.active.values()]:
             self._end(s.reply, s.router, s.id, encode_error(
-                s.id, errors.NO_WORKERS, "the LLM worker serving it is shutting down"))
+                s.id, errors.NO_WORKERS, "the LLM worker serving it is shutting down"),
+                self._row(s, errors.NO_WORKERS))
         self.waiting.clear()
         self.active.clear()
 

@@ -30,6 +30,7 @@ class GenStream:
     prompt: list[int]
     accepted: float                  # monotonic seconds
     limit: int                       # the most tokens it may produce (max_tokens, context)
+    received: float = 0.0            # unix seconds the router received it
     tokens: list[int] = field(default_factory=list)
     exits: list[int] = field(default_factory=list)
     text: str = ""

@@ -79,3 +79,24 @@ def test_a_killed_llm_worker_ends_its_streams_with_an_error(stack):
     assert wait_for(lambda: asyncio.run(_readme_client(
         stack, {"id": f"k2-{uuid.uuid4().hex[:4]}", "prompt": "hi", "max_tokens": 2}
     ))[-1].get("done"), timeout=90, interval=2)
+
+
+def test_generation_requests_are_stored_with_what_served_them(stack):
+    """Every generation request gets a `requests` row: the worker's for the streams it ends
+    (the candidate and depth that served it as variant), the router's for errors it answers
+    itself (runs after the tests above, in file order)."""
+    rid = f"row-{uuid.uuid4().hex[:6]}"
+    assert asyncio.run(_readme_client(stack, {"id": rid, "prompt": "hi",
+                                              "max_tokens": 3}))[-1].get("done")
+    expected = {rid: ("ok", f"{MODEL}@6"), "b2": ("bad_request", None),
+                "k1": ("no_workers", None)}
+
+    def rows() -> dict:
+        got = stack.sql("SELECT request_id, status, variant, latency_ms FROM requests "
+                        "WHERE model = ?", MODEL)
+        return {r[0]: r for r in got if r[0] in expected}
+
+    assert wait_for(lambda: len(rows()) == len(expected), timeout=60, interval=1), rows()
+    for request_id, (status, variant) in expected.items():
+        row = rows()[request_id]
+        assert (row[1], row[2]) == (status, variant) and row[3] >= 0, row

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 from schemas.generation import GenerateRequest, LlmWork
 from schemas.messages import Results, decode_map
+from schemas.telemetry import RequestRecord, RequestTelemetry
 from services.common import config as config_mod
 from services.runtime.llm_heads import ExitHeads
 from services.runtime.llm_model import LoadedLlm
@@ -68,8 +70,16 @@ def _serve(llm: LoadedLlm, requests: list[GenerateRequest], threshold: float = 1
 
 
 def _stream(writes, rid: str) -> list[dict]:
-    return [decode_map(data) for w in writes for subject, data in w
-            if subject == f"_INBOX.c.{rid}"]
+    return [decode_map(m[1]) for w in writes for m in w if m[0] == f"_INBOX.c.{rid}"]
+
+
+def _row(write) -> RequestRecord:
+    """The request row a stream's last write carries (first, before the answer)."""
+    subject, data, msg_id = write[0]
+    assert subject == "offramp.telemetry.requests.tiny-llm" and ":r" in msg_id
+    telemetry = RequestTelemetry.decode(decode_map(data))
+    assert telemetry.model == "tiny-llm" and len(telemetry.records) == 1
+    return telemetry.records[0]
 
 
 def _greedy(llm: LoadedLlm, prompt: str, n: int) -> list[int]:
@@ -94,11 +104,14 @@ def test_streams_in_a_continuous_batch_get_greedy_tokens_and_one_terminal_each(l
         assert done["finish"] in ("stop", "length") and done["candidate"] == "tiny-llm"
         assert "".join(c["text"] for c in chunks) == llm.tokenizer.decode(tokens)
         assert all(e == 6 for c in chunks for e in c["exits"])  # nobody sure at 1.0
-        (end,) = [w for w in writes if any(s == f"_INBOX.c.{req.id}" and b"done" in d
-                                           for s, d in w)]
-        assert [s for s, _ in end] == [f"_INBOX.c.{req.id}", ROUTER]   # one write
-        release = Results.decode(decode_map(end[1][1]))
+        (end,) = [w for w in writes if any(m[0] == f"_INBOX.c.{req.id}" and b"done" in m[1]
+                                           for m in w)]
+        assert [m[0] for m in end][1:] == [f"_INBOX.c.{req.id}", ROUTER]   # one write
+        release = Results.decode(decode_map(end[2][1]))
         assert release.release and release.batch_id == req.id and release.ids == []
+        row = _row(end)  # ... with the stream's request row: who served it, how deep
+        assert (row.id, row.status, row.variant) == (req.id, "ok", "tiny-llm@6")
+        assert 0 < row.latency_ms < 60_000 and row.t <= time.time()
 
 
 def test_exit_heads_answer_tokens_early_when_sure(llm):
@@ -115,7 +128,9 @@ def test_a_prompt_too_long_for_a_stream_is_refused_and_released(llm):
     (err,) = _stream(writes, "x")
     assert err["error"]["code"] == "bad_request" and "exceed" in err["error"]["message"]
     (w,) = writes
-    assert Results.decode(decode_map(w[1][1])).batch_id == "x"
+    assert Results.decode(decode_map(w[2][1])).batch_id == "x"
+    row = _row(w)
+    assert (row.id, row.status, row.variant) == ("x", "bad_request", None)
     writes = _serve(llm, [GenerateRequest("y", "tiny-llm", 4, prompt_tokens=[10**6])])
     assert "vocabulary" in _stream(writes, "y")[0]["error"]["message"]
 

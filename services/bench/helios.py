@@ -88,10 +88,11 @@ def run_helios(args) -> int:
     stream = drifting_stream(kinds, requests, drift, args.seed)
     sim = SimConfig(threshold=args.threshold, memory_budget=budget,
                     ri=getattr(args, "ri", None) or RI,
-                    load_ms_per_byte=LOAD_MS_PER_BYTE)
+                    load_ms_per_byte=load_cost(traces))
     say(f"helios replay: {', '.join(traces)}; {requests} requests drifting every {drift} "
         f"between {sorted(set(kinds))}; threshold {sim.threshold}, budget {budget / MB:.1f} MB, "
-        f"RI {sim.ri}")
+        f"RI {sim.ri}; loads at {sim.load_ms_per_byte * MB:.2f} ms/MB "
+        f"({'measured' if sim.load_ms_per_byte != LOAD_MS_PER_BYTE else 'modeled'})")
     try:
         results = compare(traces, stream, sim)
     except ValueError as exc:  # e.g. a budget no candidate fits in: say so, no traceback
@@ -212,6 +213,14 @@ def keep_heads(t: CandidateTrace, layers: list[int]) -> CandidateTrace:
     prompts = tuple(replace(p, heads={k: h for k, h in p.heads.items() if k in layers})
                     for p in t.prompts)
     return replace(t, prompts=prompts)
+
+
+def load_cost(traces: dict[str, CandidateTrace]) -> float:
+    """ms per byte a load or switch takes: the slowest candidate's measured read of a layer
+    from disk (greedy partial loading), else the modeled 10 GB/s."""
+    measured = [t.layer_load_ms / t.layer_bytes for t in traces.values()
+                if t.layer_load_ms is not None and t.layer_bytes > 0]
+    return max(measured) if len(measured) == len(traces) else LOAD_MS_PER_BYTE
 
 
 def default_budget(traces: dict[str, CandidateTrace], kv_budget_mb: float) -> int:

@@ -25,7 +25,7 @@ File format: gzip JSON, ``<traces dir>/<candidate>.json.gz``::
      "judge": "smollm2-135m", "n_layers": 30, "head_layers": [6, 12, 18, 24],
      "new_tokens": 64, "prompt_tokens": 32,
      "memory": {"layer_bytes": int, "fixed_bytes": int, "kv_bytes_per_token_layer": int,
-                "dtype_bytes": 4},
+                "dtype_bytes": 4, "layer_load_ms": float or null},   # one layer from disk
      "timing": {"batches": [1, 4, 16, 64], "step_ms": [...], "lm_head_ms": [...],
                 "prefill_ms": float, "context_tokens": int, "repeats": int, "threads": int},
      "prompts": [{"id": "<sha256 of the text, 16 hex>", "kind": "prose", "prompt_tokens": 32,
@@ -141,9 +141,31 @@ def timing_profile(model, prompt_tokens: int, context: int, batches: Sequence[in
             "threads": torch.get_num_threads()}
 
 
-def memory_profile(llm) -> dict[str, int]:
+def layer_load_ms(llm, layers: int = 3, repeats: int = 3) -> float | None:
+    """Median ms to read one decoder layer back from the saved base weights (greedy
+    partial loading, ``runtime.llm_layers``): the last ``layers`` are released and restored
+    in place, so the model ends as it was. None without safetensors weights."""
+    from services.runtime.llm_layers import LayerLoader
+
+    try:
+        loader = LayerLoader(llm.model, Path(llm.manifest.base["fp32"]))
+    except (FileNotFoundError, KeyError, AttributeError):
+        return None
+    n = loader.n_layers
+    layers = min(layers, n - 1)
+    if layers < 1:
+        return None
+    times = []
+    for _ in range(repeats):
+        loader.load_to(n - layers)
+        times.append(loader.load_to(n).ms / layers)
+    return round(statistics.median(times), 3)
+
+
+def memory_profile(llm) -> dict[str, int | float | None]:
     """Weight bytes of one decoder layer (they are alike), of everything else (embedding,
-    final norm, an untied LM head, the exit heads) and KV bytes per token and layer."""
+    final norm, an untied LM head, the exit heads), KV bytes per token and layer, and the
+    measured time to read one layer back from disk."""
     model, cfg = llm.model, llm.model.config
     seen: dict[int, int] = {}
     for prm in model.parameters():  # a tied LM head shares the embedding's storage
@@ -155,7 +177,7 @@ def memory_profile(llm) -> dict[str, int]:
     return {"layer_bytes": layer,
             "fixed_bytes": sum(seen.values()) - cfg.num_hidden_layers * layer + heads,
             "kv_bytes_per_token_layer": 2 * cfg.num_key_value_heads * head_dim * dtype_bytes,
-            "dtype_bytes": dtype_bytes}
+            "dtype_bytes": dtype_bytes, "layer_load_ms": layer_load_ms(llm)}
 
 
 def record(llm, prompts: Sequence[tuple[str, str]], new_tokens: int, prompt_tokens: int,
@@ -227,7 +249,7 @@ def from_dict(d: dict[str, Any]) -> CandidateTrace:
     return CandidateTrace(d["candidate"], d["family"], d["judge"], n, int(m["layer_bytes"]),
                           int(m["fixed_bytes"]), int(m["kv_bytes_per_token_layer"]),
                           int(d["new_tokens"]), int(d["prompt_tokens"]), timing,
-                          tuple(_prompt(p) for p in d["prompts"]))
+                          tuple(_prompt(p) for p in d["prompts"]), m.get("layer_load_ms"))
 
 
 def load(path: Path) -> CandidateTrace:

@@ -125,6 +125,7 @@ class CandidateTrace:
     prompt_tokens: int
     timing: Timing
     prompts: tuple[PromptTrace, ...]
+    layer_load_ms: float | None = None  # measured: one layer read back from disk
 
     def __post_init__(self) -> None:
         if not self.prompts:

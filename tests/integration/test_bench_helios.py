@@ -60,6 +60,10 @@ def test_a_trace_holds_what_the_model_and_its_heads_say(home: Path):
         assert len(h["token"]) == 5 and all(0 < c <= 1 for c in h["confidence"])
     assert d["memory"]["kv_bytes_per_token_layer"] == 2 * 2 * 16 * 4  # 2 KV heads of 16, fp32
     assert len(d["timing"]["step_ms"]) == 2 and d["timing"]["prefill_ms"] > 0
+    assert d["memory"]["layer_load_ms"] > 0  # read back from the saved base, measured
+    again = helios_traces.record(a, prompts[:1], 5, 6, batches=(1,), repeats=1,
+                                 log=lambda _: None)  # the loader left the model whole
+    assert again["prompts"][0]["full"]["token"] == ref
     judged = helios_traces.record(a, prompts[:1], 5, 6, judge=b, batches=(1,), repeats=1,
                                   log=lambda _: None)
     assert judged["judge"] == "tiny-llm-b"
@@ -68,6 +72,7 @@ def test_a_trace_holds_what_the_model_and_its_heads_say(home: Path):
     path = helios_traces.save(d, home / "scratch" / "a.json.gz")
     t = helios_traces.load(path)
     assert t.head_layers == (2, 4) and t.prompts[1].kind == "code" and t.new_tokens == 5
+    assert t.layer_load_ms == d["memory"]["layer_load_ms"]
 
 
 def run_args(out: Path, requests: int) -> list[str]:

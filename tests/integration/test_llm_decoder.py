@@ -276,3 +276,36 @@ def test_misuse_is_refused(model):
         decoder.prefill(seqs[:1])
     with pytest.raises(ValueError):
         decoder.step([seqs[0], seqs[0]], {})
+
+
+def test_released_layers_free_their_memory_and_come_back_from_disk_exactly(model, heads,
+                                                                         tmp_path):
+    """Greedy partial loading for real: layers 5..6 hold no weights while decoding at depth
+    4, are read back from the saved safetensors, and the catch-up is exact."""
+    import copy
+
+    from services.runtime.llm_layers import LayerLoader
+
+    model.save_pretrained(tmp_path)
+    mine = copy.deepcopy(model)
+    loader = LayerLoader(mine, tmp_path)
+    full = loader.resident_bytes()
+    shallow = loader.load_to(4)
+    assert shallow.freed_bytes == full * 2 // LAYERS and shallow.loaded_bytes == 0
+    assert loader.resident_bytes() == full - shallow.freed_bytes
+    assert [loader.resident(k) for k in range(1, LAYERS + 1)] == [True] * 4 + [False] * 2
+    decoder = LlmDecoder(mine, heads, depth=4, debug=True)
+    seqs = fresh()
+    decoder.prefill(seqs)
+    decoder.step(seqs, {2: 0.0})
+    deep = loader.load_to(LAYERS)
+    assert deep.loaded_bytes == shallow.freed_bytes and deep.freed_bytes == 0 and deep.ms >= 0
+    decoder.set_depth(LAYERS)
+    decoder.step(seqs, {})
+    assert decoder.debug.violations == []
+    for seq in seqs:
+        assert_kv_exact(model, seq)  # the original model's KV: the weights came back intact
+    with pytest.raises(ValueError):
+        loader.load_to(0)
+    with pytest.raises(FileNotFoundError):
+        LayerLoader(mine, tmp_path / "nowhere")

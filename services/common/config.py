@@ -73,6 +73,9 @@ class Config:
     # the exit heads an LLM worker evaluates ("" none, "all", or layers "24,27"): each costs
     # a vocabulary projection, about five of SmolLM2's layers at batch 1 (docs/benchmarks.md)
     llm_heads: str = ""
+    # the layers an LLM worker loads (0: all): HELIOS's greedy partial loading, fixed by the
+    # operator; the exit head there answers every token that gets that deep
+    llm_depth: int = 0
 
     def as_env(self) -> dict[str, str]:
         """The environment a child service needs to see this same configuration."""
@@ -116,6 +119,7 @@ class Config:
             "OFFRAMP_LLM_SLOT_TOKENS": str(self.llm_slot_tokens),
             "OFFRAMP_LLM_THRESHOLD": str(self.llm_threshold),
             "OFFRAMP_LLM_HEADS": self.llm_heads,
+            "OFFRAMP_LLM_DEPTH": str(self.llm_depth),
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
@@ -232,6 +236,7 @@ def _load() -> Config:
         llm_slot_tokens=int(_positive_float("OFFRAMP_LLM_SLOT_TOKENS", "1024")),
         llm_threshold=_fraction("OFFRAMP_LLM_THRESHOLD", "0.9"),
         llm_heads=_env("OFFRAMP_LLM_HEADS", "").strip(),
+        llm_depth=_non_negative("OFFRAMP_LLM_DEPTH", "0"),
     )
 
 

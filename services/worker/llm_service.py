@@ -19,6 +19,7 @@ import socket
 import time
 import uuid
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 from nats.aio.client import Client
@@ -35,17 +36,20 @@ from services.common.config import Config
 from services.common.hotpath import publish_all, subscribe_direct
 from services.common.service_loop import supervise
 from services.runtime.llm_decoder import LlmDecoder, Sequence
+from services.runtime.llm_layers import LayerLoader
 from services.runtime.llm_model import LoadedLlm, load
 from services.worker.llm_streams import GenStream, prompt_problem
 
 
-def slots_for(llm: LoadedLlm, budget_mb: float, slot_tokens: int) -> int:
-    """Streams whose KV (and kept hidden states) at every layer fit the budget."""
+def slots_for(llm: LoadedLlm, budget_mb: float, slot_tokens: int, layers: int = 0) -> int:
+    """Streams whose KV (and kept hidden states) at every loaded layer (``layers``, 0: all)
+    fit the budget."""
     cfg = llm.model.config
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     kv_heads = getattr(cfg, "num_key_value_heads", heads)
-    per_token = 4 * (2 * cfg.num_hidden_layers * kv_heads * head_dim + cfg.hidden_size)
+    per_token = 4 * (2 * (layers or cfg.num_hidden_layers) * kv_heads * head_dim
+                     + cfg.hidden_size)
     return max(1, int(budget_mb * 2**20 // (per_token * slot_tokens)))
 
 
@@ -68,13 +72,26 @@ def heads_in_use(setting: str, llm: LoadedLlm) -> list[int]:
     return layers
 
 
+def loaded_depth(setting: int, llm: LoadedLlm) -> int:
+    """The depth ``OFFRAMP_LLM_DEPTH`` asks for (0: every layer); a partial depth needs an
+    exit head there, to answer the tokens that reach it."""
+    n = int(llm.model.config.num_hidden_layers)
+    if setting in (0, n):
+        return n
+    if setting not in llm.heads.layers:
+        raise SystemExit(f"OFFRAMP_LLM_DEPTH={setting}: load all {n} layers (0) or up to an "
+                         f"exit head: {', '.join(map(str, llm.heads.layers))}")
+    return setting
+
+
 class LlmWorker:
     def __init__(self, nc: Client, cfg: Config, name: str, llm: LoadedLlm, log) -> None:
         self.nc, self.cfg, self.name, self.llm, self.log = nc, cfg, name, llm, log
         self.id = f"{name}-llm-{uuid.uuid4().hex[:6]}"
-        self.decoder = LlmDecoder(llm.model, llm.heads)
-        self.thresholds = {k: cfg.llm_threshold for k in heads_in_use(cfg.llm_heads, llm)}
-        self.slots = slots_for(llm, cfg.kv_budget_mb, cfg.llm_slot_tokens)
+        self.decoder = LlmDecoder(llm.model, llm.heads, loaded_depth(cfg.llm_depth, llm))
+        self.thresholds = {k: cfg.llm_threshold for k in heads_in_use(cfg.llm_heads, llm)
+                           if k < self.decoder.depth}
+        self.slots = slots_for(llm, cfg.kv_budget_mb, cfg.llm_slot_tokens, self.decoder.depth)
         self.slot_tokens = min(cfg.llm_slot_tokens, llm.context)
         self.eos = llm.eos
         self.waiting: deque[GenStream] = deque()
@@ -227,6 +244,11 @@ class LlmWorker:
 async def serve_llm(cfg: Config, stop: asyncio.Event, model: str) -> None:
     log = logs.setup(f"worker.{model}", cfg.log_level)
     llm = await asyncio.to_thread(load, cfg.models_dir / model, cfg.ort_threads)
+    depth = loaded_depth(cfg.llm_depth, llm)
+    if depth < llm.model.config.num_hidden_layers:  # the layers above hold no weights
+        move = LayerLoader(llm.model, Path(llm.manifest.base["fp32"])).load_to(depth)
+        log.info("partial load %s", logs.kv(depth=depth, freed_mb=move.freed_bytes / 2**20,
+                                            ms=round(move.ms, 1)))
     nc = await bus.connect_as(cfg, "worker", f"offramp-llm-{model}")
     worker = LlmWorker(nc, cfg, model, llm, log)
     await subscribe_direct(nc, subjects.llm_work(worker.id), worker.on_work)
@@ -235,6 +257,7 @@ async def serve_llm(cfg: Config, stop: asyncio.Event, model: str) -> None:
     runner = supervise("decode", lambda: worker.run(stop), tasks, log)
     log.info("llm worker ready %s", logs.kv(id=worker.id, slots=worker.slots,
                                            layers=worker.decoder.n_layers,
+                                           depth=worker.decoder.depth,
                                            heads=",".join(map(str, worker.thresholds)) or "none",
                                            threshold=cfg.llm_threshold))
     await stop.wait()

@@ -39,11 +39,16 @@ def _serve(llm: LoadedLlm, requests: list[GenerateRequest], threshold: float = 1
            stagger: int = 0, heads: str = "all") -> list[list[tuple[str, bytes]]]:
     """Every write the worker makes while serving ``requests`` (the later ones ``stagger``
     rounds after the first)."""
+    cfg = dataclasses.replace(config_mod.load(), llm_threshold=threshold, kv_budget_mb=64,
+                              llm_heads=heads)
+    return _serve_cfg(llm, requests, cfg, stagger)
+
+
+def _serve_cfg(llm: LoadedLlm, requests: list[GenerateRequest], cfg,
+               stagger: int = 0) -> list[list[tuple[str, bytes]]]:
     import services.worker.llm_service as svc
 
     writes: list[list[tuple[str, bytes]]] = []
-    cfg = dataclasses.replace(config_mod.load(), llm_threshold=threshold, kv_budget_mb=64,
-                              llm_heads=heads)
 
     async def go() -> None:
         original = svc.publish_all
@@ -146,3 +151,21 @@ def test_heads_are_evaluated_only_when_named(llm):
     writes = _serve(llm, [GenerateRequest("n", "tiny-llm", 4, prompt="The sea")],
                     threshold=0.0, heads="")  # no head named: every token runs every layer
     assert all(e == 6 for c in _stream(writes, "n")[:-1] for e in c["exits"])
+
+
+def test_a_partial_depth_answers_every_token_by_then_and_holds_more_streams(llm):
+    import services.worker.llm_service as svc
+
+    full = svc.slots_for(llm, 64, 1024)
+    cfg = dataclasses.replace(config_mod.load(), kv_budget_mb=64, llm_depth=4, llm_heads="all")
+    assert svc.loaded_depth(4, llm) == 4 and svc.loaded_depth(0, llm) == 6
+    for bad in (3, 5, 7):
+        with pytest.raises(SystemExit, match="OFFRAMP_LLM_DEPTH"):
+            svc.loaded_depth(bad, llm)
+    w = svc.LlmWorker(SimpleNamespace(), cfg, "tiny-llm", llm, logging.getLogger("t"))
+    assert w.decoder.depth == 4 and set(w.thresholds) == {2} and w.slots > full
+    writes = _serve_cfg(llm, [GenerateRequest("p", "tiny-llm", 6, prompt="The sea")], cfg)
+    chunks, done = _stream(writes, "p")[:-1], _stream(writes, "p")[-1]
+    assert done["depth"] == 4 and all(e <= 4 for c in chunks for e in c["exits"])
+    (end,) = [w for w in writes if any(m[0] == "_INBOX.c.p" and b"done" in m[1] for m in w)]
+    assert _row(end).variant == "tiny-llm@4"

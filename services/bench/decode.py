@@ -47,8 +47,8 @@ def decode(decoder: LlmDecoder, prompts: list[list[int]], max_tokens: int,
     for _ in range(max_tokens - 1):
         results.append(decoder.step(seqs, thresholds))
     t2 = time.perf_counter()
-    # one more full-depth pass (not timed, its token dropped): the last early tokens'
-    # deferred layers run, so every early token gets its feedback
+    # one more pass (not timed, its token dropped): the last early tokens' deferred layers
+    # run, so every early token gets its feedback (at full depth)
     results.append(decoder.step(seqs, {}))
     exits: Counter = Counter()
     tokens: list[list[int]] = [[] for _ in prompts]
@@ -61,7 +61,19 @@ def decode(decoder: LlmDecoder, prompts: list[list[int]], max_tokens: int,
             if step < len(results) - 1:
                 tokens[i].append(r.token)
                 exits[r.exit_layer] += 1
+    if decoder.depth < decoder.n_layers:  # no token reaches the last layer: judge them all
+        early = sum(len(t) for t in tokens)
+        agree = sum(judged(decoder.model, p, t) for p, t in zip(prompts, tokens, strict=True))
     return DecodeRun(tokens, exits, agree, early, t2 - t1, t2 - t0)
+
+
+@torch.no_grad()
+def judged(model, prompt: list[int], tokens: list[int]) -> int:
+    """Tokens of ``tokens`` (generated after ``prompt``) that the full model, given the same
+    prefix, would have produced: one teacher-forced pass."""
+    ids = torch.tensor([prompt + tokens[:-1]])
+    full = model(input_ids=ids).logits[0, len(prompt) - 1:].argmax(-1).tolist()
+    return sum(a == b for a, b in zip(full, tokens, strict=True))
 
 
 def _same_prefix(a: list[int], b: list[int]) -> int:
@@ -119,17 +131,20 @@ def run_decode(args) -> int:
     prompts = [p for kind in corpus.kinds
                for p in prompts_of(llm.tokenizer, corpus.held[kind], per_kind, args.prompt_tokens)]
     decoder = LlmDecoder(llm.model, llm.heads)
+    # with --depth the exit run loads only that many layers: its head answers the rest
+    shallow = LlmDecoder(llm.model, llm.heads, args.depth) if args.depth else decoder
     heads = ([int(k) for k in args.heads.split(",")] if args.heads else llm.heads.layers)
     thresholds = {k: args.threshold for k in heads}  # heads not named are not evaluated
     free, ee = [], []
     print(f"decode bench: {model}, {len(prompts)} prompts of {args.prompt_tokens} tokens, "
           f"batch {args.batch}, {args.max_tokens} tokens each, threshold {args.threshold} at "
-          f"heads {heads}", flush=True)
+          f"heads {heads}, exit run loaded to {shallow.depth} of {decoder.n_layers} layers",
+          flush=True)
     for i in range(0, len(prompts) - args.batch + 1, args.batch):
         batch = prompts[i:i + args.batch]
         pair = [("free", {}), ("exits", thresholds)]
         for name, th in pair if (i // args.batch) % 2 == 0 else pair[::-1]:
-            run = decode(decoder, batch, args.max_tokens, th)
+            run = decode(decoder if name == "free" else shallow, batch, args.max_tokens, th)
             (free if name == "free" else ee).append(run)
         print(f"  round {len(free)}: exit-free {args.batch * args.max_tokens / free[-1].total_s:.1f}"
               f" tok/s, exits {args.batch * args.max_tokens / ee[-1].total_s:.1f} tok/s", flush=True)
@@ -138,6 +153,7 @@ def run_decode(args) -> int:
               "threshold": args.threshold, "batch": args.batch, "max_tokens": args.max_tokens,
               "prompt_tokens": args.prompt_tokens, "rounds": len(free),
               "threads": torch.get_num_threads(), "layers": n, "heads": heads,
+              "depth": shallow.depth,
               "exit_free": summarise(free, n, args.batch, args.max_tokens),
               "exits": summarise(ee, n, args.batch, args.max_tokens, free)}
     result["speedup"] = result["exits"]["tokens_per_s"] / result["exit_free"]["tokens_per_s"]

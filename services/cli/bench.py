@@ -79,6 +79,10 @@ def decode_arguments(bench: argparse.ArgumentParser) -> None:
                        "default all): each costs a vocabulary projection")
     bench.add_argument("--rounds", type=int, default=4,
                        help="decode: batches, each decoded exit-free and with exits")
+    bench.add_argument("--depth", type=int, default=0,
+                       help="decode: the exit run loads only this many layers (an exit head's "
+                       "layer: it answers every token reaching it); agreement is judged by "
+                       "the full model")
     bench.add_argument("--bounds", action="store_true",
                        help="decode: replay the model's recorded trace (bench helios --sim "
                        "records it) through exit rules: the most its heads can save")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from services.bench.decode import decode, summarise
+from services.bench.decode import decode, judged, summarise
 from services.runtime.llm_decoder import LlmDecoder
 from services.runtime.llm_heads import ExitHeads
 from services.zoo import tiny_llm
@@ -33,3 +33,19 @@ def test_exit_free_and_exit_runs_are_measured_side_by_side():
     first_gap = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), 6)
                  for x, y in zip(fast.tokens, free.tokens)]
     assert s_fast["identical_prefix_tokens"] == sum(first_gap) / 12
+
+
+def test_a_partial_depth_run_is_judged_token_by_token_by_the_full_model():
+    torch.set_num_threads(1)
+    net = tiny_llm.model(64)
+    heads = ExitHeads(64, [2, 4])
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    run = decode(LlmDecoder(net, heads, depth=4), prompts, 6, {})
+    assert set(run.exits) == {4} and run.early == 12
+    expected = 0
+    for p, toks in zip(prompts, run.tokens, strict=True):
+        for i, tok in enumerate(toks):  # the full model's next token after the same prefix
+            logits = net(torch.tensor([p + toks[:i]])).logits[0, -1]
+            expected += int(logits.argmax()) == tok
+    assert run.agree == expected == judged(net, prompts[0], run.tokens[0]) + judged(
+        net, prompts[1], run.tokens[1])

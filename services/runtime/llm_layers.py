@@ -52,7 +52,6 @@ class LayerLoader:
             with safe_open(str(file), "pt") as f:
                 names = f.keys()  # a safetensors handle lists its tensors, not iterates
                 self.where.update({k: file for k in names if k.startswith(PREFIX)})
-        self.depth = self.n_layers
 
     def resident(self, layer: int) -> bool:
         return all(p.numel() > 0 for p in self.layers[layer - 1].parameters())
@@ -72,7 +71,6 @@ class LayerLoader:
                 loaded += self._restore(layer)
             elif layer > depth and self.resident(layer):
                 freed += self._release(layer)
-        self.depth = depth
         return Move(depth, loaded, freed, (time.perf_counter() - started) * 1e3)
 
     def _release(self, layer: int) -> int:

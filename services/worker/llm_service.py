@@ -123,12 +123,12 @@ class LlmWorker:
                 raise ServingError(errors.BAD_REQUEST, problem)
         except ServingError as exc:
             self._end(work.reply, work.router, rid or "", encode_error(rid, exc.code, exc.message),
-                      RequestRecord(rid, received, (time.time() - received) * 1e3, exc.code))
+                      self._row(rid, received, exc.code))
             return
         except Exception as exc:  # noqa: BLE001 - a tokenizer failure is the request's error
             self._end(work.reply, work.router, rid or "", encode_error(
                 rid, errors.BAD_REQUEST, f"cannot tokenise the prompt: {exc!r}"),
-                RequestRecord(rid, received, (time.time() - received) * 1e3, errors.BAD_REQUEST))
+                self._row(rid, received, errors.BAD_REQUEST))
             return
         self.waiting.append(GenStream(req, work.reply, work.router, prompt, time.monotonic(),
                                       min(req.max_tokens, self.slot_tokens - len(prompt)),
@@ -159,10 +159,11 @@ class LlmWorker:
                                f"{self.id}:r{self.records_sent}"),
                               (reply, terminal), (router, release)], self.log)
 
-    def _row(self, s: GenStream, status: str) -> RequestRecord:
-        """The request row of stream ``s`` ending now with ``status``."""
+    def _row(self, rid: str | None, received: float, status: str) -> RequestRecord:
+        """The request row of a request received at ``received`` (unix s) ending now with
+        ``status``; an answered one names the model and depth that served it."""
         served = f"{self.name}@{self.decoder.depth}" if status == OK else None
-        return RequestRecord(s.id, s.received, (time.time() - s.received) * 1e3, status,
+        return RequestRecord(rid, received, (time.time() - received) * 1e3, status,
                              variant=served)
 
     # ------------------------------------------------------------------ decoding
@@ -189,7 +190,7 @@ class LlmWorker:
                     self.active.pop(s.id, None)
                     self._end(s.reply, s.router, s.id, encode_error(
                         s.id, errors.INTERNAL, f"decoding failed: {exc!r}"),
-                        self._row(s, errors.INTERNAL))
+                        self._row(s.id, s.received, errors.INTERNAL))
                 continue
             self._publish_round(out)
 
@@ -215,7 +216,8 @@ class LlmWorker:
         for stream in ended:
             del self.active[stream.id]
             self._end(stream.reply, stream.router, stream.id,
-                      stream.done(now, self.name, self.decoder.depth), self._row(stream, OK))
+                      stream.done(now, self.name, self.decoder.depth),
+                      self._row(stream.id, stream.received, OK))
 
     # ------------------------------------------------------------------ liveness
 
@@ -236,7 +238,7 @@ class LlmWorker:
         for s in list(self.waiting) + [s for s, _ in self.active.values()]:
             self._end(s.reply, s.router, s.id, encode_error(
                 s.id, errors.NO_WORKERS, "the LLM worker serving it is shutting down"),
-                self._row(s, errors.NO_WORKERS))
+                self._row(s.id, s.received, errors.NO_WORKERS))
         self.waiting.clear()
         self.active.clear()
 
@@ -244,13 +246,13 @@ class LlmWorker:
 async def serve_llm(cfg: Config, stop: asyncio.Event, model: str) -> None:
     log = logs.setup(f"worker.{model}", cfg.log_level)
     llm = await asyncio.to_thread(load, cfg.models_dir / model, cfg.ort_threads)
-    depth = loaded_depth(cfg.llm_depth, llm)
-    if depth < llm.model.config.num_hidden_layers:  # the layers above hold no weights
+    nc = await bus.connect_as(cfg, "worker", f"offramp-llm-{model}")
+    worker = LlmWorker(nc, cfg, model, llm, log)
+    depth = worker.decoder.depth
+    if depth < worker.decoder.n_layers:  # the layers above it hold no weights
         move = LayerLoader(llm.model, Path(llm.manifest.base["fp32"])).load_to(depth)
         log.info("partial load %s", logs.kv(depth=depth, freed_mb=move.freed_bytes / 2**20,
                                             ms=round(move.ms, 1)))
-    nc = await bus.connect_as(cfg, "worker", f"offramp-llm-{model}")
-    worker = LlmWorker(nc, cfg, model, llm, log)
     await subscribe_direct(nc, subjects.llm_work(worker.id), worker.on_work)
     tasks: set[asyncio.Task] = set()
     supervise("heartbeat", lambda: worker.heartbeat_loop(stop), tasks, log)

@@ -55,9 +55,10 @@ ROLES: dict[str, Permissions] = {
     # Workers answer clients directly (the router passes each request's inbox along).
     "worker": Permissions(
         publish=(REPLIES, f"{P}.stage.*.*", f"{P}.results.*", subjects.HEARTBEAT,
-                 f"{P}.telemetry.samples.*", f"{P}.telemetry.requests.*", f"{P}.features.*"),
+                 f"{P}.telemetry.samples.*", f"{P}.telemetry.requests.*", f"{P}.features.*",
+                 f"{P}.telemetry.generation.*"),
         subscribe=(f"{P}.work.*", f"{P}.llm.*", f"{P}.stage.*.*", f"{P}.config.*",
-                   f"{P}.plan.*")),
+                   f"{P}.plan.*", f"{P}.helios.decision.*")),
     "monitor": Permissions(
         publish=(*STREAM_KEEP,
                  f"$JS.API.CONSUMER.CREATE.{STREAM}.>",
@@ -75,10 +76,13 @@ ROLES: dict[str, Permissions] = {
     "bench": Permissions(publish=(f"{P}.infer.>", subjects.MODELS, f"{P}.bench.>", REPLIES),
                          subscribe=(f"{P}.bench.>",)),
     # Deployment plans to pool workers; heartbeats tell it how fast each worker runs.
-    "optimizer": Permissions(publish=(f"{P}.plan.*",), subscribe=(subjects.HEARTBEAT,)),
+    # HELIOS: decisions to LLM workers, on the tuner's breach alerts.
+    "optimizer": Permissions(publish=(f"{P}.plan.*", f"{P}.helios.decision.*"),
+                             subscribe=(subjects.HEARTBEAT, f"{P}.helios.breach.*")),
     "tuner": Permissions(
-        publish=(f"{P}.config.*",),
-        subscribe=(f"{P}.telemetry.samples.*", f"{P}.config.*", f"{P}.features.*")),
+        publish=(f"{P}.config.*", f"{P}.helios.breach.*"),
+        subscribe=(f"{P}.telemetry.samples.*", f"{P}.config.*", f"{P}.features.*",
+                   f"{P}.telemetry.generation.*", f"{P}.helios.decision.*")),
 }
 
 # The profiler reads and writes the store only: it has no bus role.

@@ -81,3 +81,21 @@ def ramp_features(model: str) -> str:
 def telemetry_requests(model: str) -> str:
     """Per-request outcomes from the router (stored in JetStream)."""
     return f"{PREFIX}.telemetry.requests.{model}"
+
+
+def telemetry_generation(model: str) -> str:
+    """Per-stream outcomes from LLM workers: candidate, depth, tokens, exits, breaches
+    (stored in JetStream)."""
+    return f"{PREFIX}.telemetry.generation.{model}"
+
+
+def helios_decision(model: str) -> str:
+    """HELIOS's choice of candidate and loaded depth for ``model``, from the optimizer to its
+    LLM workers and the tuner (re-broadcast so late joiners catch up)."""
+    return f"{PREFIX}.helios.decision.{model}"
+
+
+def helios_breach(model: str) -> str:
+    """The tuner's Confidence Breach Counter tripped for ``model``: the optimizer decides
+    between loading more layers and switching candidate."""
+    return f"{PREFIX}.helios.breach.{model}"

@@ -80,7 +80,15 @@ def run_llm(args: argparse.Namespace, cfg, say) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(manifest.to_dict(), indent=1) + "\n")
     if not args.no_store:
-        say("store: not recorded (generative models are not registered in the store yet)")
+        from services.launcher.supervisor import register_prepared
+        from services.store.migrate import upgrade
+        from services.store.repository import Store
+
+        cfg.home.mkdir(parents=True, exist_ok=True)
+        upgrade(cfg.database_url)
+        with Store(cfg.database_url) as store:
+            register_prepared(store, path, cfg.ramp_budget)
+        say(f"store: {manifest.name} is a HELIOS repository candidate ({cfg.database_url})")
     print(path)
     return 0
 

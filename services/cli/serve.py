@@ -7,7 +7,7 @@ import os
 
 from services.common import config as config_mod
 
-SERVICES = ("router", "worker", "monitor", "profiler", "tuner", "optimizer")
+SERVICES = ("router", "worker", "monitor", "profiler", "tuner", "optimizer", "helios")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
         run_service(lambda stop: serve(cfg, stop))
     elif args.service == "optimizer":
         from services.optimizer.service import serve
+        run_service(lambda stop: serve(cfg, stop))
+    elif args.service == "helios":  # the optimizer's model and depth selection for LLMs
+        from services.optimizer.helios_service import serve
         run_service(lambda stop: serve(cfg, stop))
     elif args.service == "profiler":
         from services.profiler.service import serve_profiler

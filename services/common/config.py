@@ -76,6 +76,10 @@ class Config:
     # the layers an LLM worker loads (0: all): HELIOS's greedy partial loading, fixed by the
     # operator; the exit head there answers every token that gets that deep
     llm_depth: int = 0
+    # HELIOS: a new assessment every helios_ri requests of a generative model, starting
+    # with helios_eval_prompts requests on each candidate (004 §3.3: 150 and 5)
+    helios_ri: int = 150
+    helios_eval_prompts: int = 5
 
     def as_env(self) -> dict[str, str]:
         """The environment a child service needs to see this same configuration."""
@@ -120,6 +124,8 @@ class Config:
             "OFFRAMP_LLM_THRESHOLD": str(self.llm_threshold),
             "OFFRAMP_LLM_HEADS": self.llm_heads,
             "OFFRAMP_LLM_DEPTH": str(self.llm_depth),
+            "OFFRAMP_HELIOS_RI": str(self.helios_ri),
+            "OFFRAMP_HELIOS_EVAL_PROMPTS": str(self.helios_eval_prompts),
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
@@ -237,6 +243,8 @@ def _load() -> Config:
         llm_threshold=_fraction("OFFRAMP_LLM_THRESHOLD", "0.9"),
         llm_heads=_env("OFFRAMP_LLM_HEADS", "").strip(),
         llm_depth=_non_negative("OFFRAMP_LLM_DEPTH", "0"),
+        helios_ri=_at_least("OFFRAMP_HELIOS_RI", "150", 1),
+        helios_eval_prompts=_at_least("OFFRAMP_HELIOS_EVAL_PROMPTS", "5", 1),
     )
 
 
@@ -257,6 +265,17 @@ def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
     value = _env(name, default).lower()
     if value not in allowed:
         raise ConfigError(f"{name}={value!r}: use one of {', '.join(allowed)}")
+    return value
+
+
+def _at_least(name: str, default: str, low: int) -> int:
+    text = _env(name, default)
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r}: not an integer") from None
+    if value < low:
+        raise ConfigError(f"{name}={value}: must be >= {low}")
     return value
 
 

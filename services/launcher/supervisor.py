@@ -108,8 +108,12 @@ def ensure_prepared(cfg: Config, name: str, say=print) -> Path:
 
 def register_prepared(store, model_dir: Path, budget: float) -> None:
     """Record a prepared model (models, artifacts, ramps) and its initial exit config; a
-    generative model has none of these (its exit heads are in its manifest)."""
+    generative model has none of these (its exit heads are in its manifest): it becomes a
+    candidate of HELIOS's model repository, with its footprint."""
     if manifest_kind(model_dir) == "llm":
+        from services.runtime.llm_footprint import candidate_row
+
+        store.save_repository_candidates([candidate_row(model_dir)])
         return
     manifest = Manifest.load(model_dir)
     store.register_model(manifest.to_dict(), str(model_dir))
@@ -178,6 +182,10 @@ class Supervisor:
         self.children += [Child("monitor", base + ["monitor"]), Child("profiler", base + ["profiler"])]
         if self.cfg.adapt:
             self.children.append(Child("tuner", base + ["tuner"]))
+            # HELIOS picks candidate and depth, unless the operator fixed the depth
+            if not self.cfg.llm_depth and any(manifest_kind(self.cfg.models_dir / m) == "llm"
+                                              for m in self.deployment.models):
+                self.children.append(Child("helios", base + ["helios"]))
         if self.deployment.pool_workers:
             self.children.append(Child("optimizer", base + ["optimizer"]))
             self.children += [Child(f"worker-pool-{k}", base + ["worker", "--pool"])

@@ -1,8 +1,11 @@
-"""Exit monitor: consumes telemetry from JetStream, keeps windows, writes the store.
+"""Exit monitor: consumes telemetry from JetStream, keeps windows, writes the store:
+sample telemetry into windows (``exit_profiles``), request telemetry into ``requests`` and
+LLM workers' generation telemetry into ``generations`` (what the profiler builds HELIOS's
+Performance History Table from).
 
-Telemetry is acked only after the rows derived from it are committed, and each
-window / request batch carries a stable ingest key (the publisher's message id), so a
-monitor that is killed and restarted, or a stream that is re-created, neither loses nor
+Telemetry is acked only after the rows derived from it are committed, and each window,
+request batch or generation batch carries a stable ingest key (the publisher's message id),
+so a monitor that is killed and restarted, or a stream that is re-created, neither loses nor
 double-counts committed telemetry.
 """
 
@@ -10,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -19,6 +24,7 @@ from nats.js.errors import NotFoundError
 
 from schemas import subjects
 from schemas.codec import pack
+from schemas.helios import GenerationRecord, GenerationTelemetry
 from schemas.messages import decode_map
 from schemas.telemetry import RequestTelemetry, SampleTelemetry
 from services.common import bus, logs, metrics
@@ -35,6 +41,8 @@ STREAM_CHECK_S = 5.0    # how often the stream and consumer are checked while fe
 PRUNE_EVERY_S = 3600.0
 KEEP_KEYS_S = 86400.0   # ingest keys kept this long (redeliveries come within minutes)
 
+Handler = Callable[[Msg, Any, str], Awaitable[None]]  # (message, decoded telemetry, ingest key)
+
 
 class Monitor:
     def __init__(self, nc: Client, cfg: Config, store, log) -> None:
@@ -45,6 +53,7 @@ class Monitor:
         self.unacked: dict[str, list[Msg]] = {}    # window first key -> messages in it
         self.last_sample = time.monotonic()
         self.requests_stored = 0
+        self.generations_stored = 0
         self.windows_stored = 0
         self.agreement = metrics.Children(metrics.AGREEMENT)
         self.exit_rate = metrics.Children(metrics.EXIT_RATE)
@@ -54,18 +63,22 @@ class Monitor:
         # the publisher's message id: stable across redeliveries and across a re-created
         # stream, whose sequence numbers start again at 1
         key = (msg.headers or {}).get(MSG_ID) or f"seq:{msg.metadata.sequence.stream}"
-        requests = msg.subject.startswith(subjects.telemetry_requests(""))
+        decode, handler = self._route(msg.subject)
         try:
-            data = decode_map(msg.data)
-            telemetry = RequestTelemetry.decode(data) if requests else SampleTelemetry.decode(data)
+            telemetry = decode(decode_map(msg.data))
         except Exception as exc:  # noqa: BLE001 - poison message: log and drop it from the stream
             self.log.error("undecodable telemetry key=%s: %r", key, exc)
             await msg.ack()
             return
-        if requests:
-            await self._store_requests(msg, telemetry, key)
-        else:
-            await self._add_samples(msg, telemetry, key)
+        await handler(msg, telemetry, key)
+
+    def _route(self, subject: str) -> tuple[Callable[[dict], Any], Handler]:
+        """The decoder and the handler of the telemetry on ``subject``."""
+        if subject.startswith(subjects.telemetry_requests("")):
+            return RequestTelemetry.decode, self._store_requests
+        if subject.startswith(subjects.telemetry_generation("")):
+            return GenerationTelemetry.decode, self._store_generations
+        return SampleTelemetry.decode, self._add_samples
 
     async def _store_requests(self, msg: Msg, telemetry: RequestTelemetry, key: str) -> None:
         rows = [{"request_id": r.id or "", "model": telemetry.model, "received_at": utc_datetime(r.t),
@@ -75,6 +88,13 @@ class Monitor:
                 for r in telemetry.records]
         await asyncio.to_thread(self.store.add_requests, rows, f"req:{key}")
         self.requests_stored += len(rows)
+        await msg.ack()
+
+    async def _store_generations(self, msg: Msg, telemetry: GenerationTelemetry,
+                                 key: str) -> None:
+        rows = [generation_row(telemetry, r) for r in telemetry.records]
+        await asyncio.to_thread(self.store.add_generations, rows, f"gen:{key}")
+        self.generations_stored += len(rows)
         await msg.ack()
 
     async def _add_samples(self, msg: Msg, telemetry: SampleTelemetry, key: str) -> None:
@@ -111,7 +131,18 @@ class Monitor:
                    "window_end": w.end}
                for m, w in self.windows.latest.items()}
         await msg.respond(pack({"v": 1, "models": out, "requests_stored": self.requests_stored,
+                                "generations_stored": self.generations_stored,
                                 "windows_stored": self.windows_stored}))
+
+
+def generation_row(telemetry: GenerationTelemetry, r: GenerationRecord) -> dict:
+    """The ``generations`` row of one stream a worker reported."""
+    return {"request_id": r.id, "model": telemetry.model, "worker": telemetry.worker,
+            "received_at": utc_datetime(r.t), "candidate": r.candidate, "depth": r.depth,
+            "assessment": r.assessment, "prompt_tokens": r.prompt_tokens, "tokens": r.tokens,
+            "ttft_ms": r.ttft_ms, "tpot_ms": r.tpot_ms, "duration_ms": r.duration_ms,
+            "logprob": r.logprob, "exits": r.exits, "breaches": len(r.breach_at),
+            "memory_bytes": r.memory_bytes}
 
 
 async def subscribe(nc: Client):

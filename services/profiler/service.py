@@ -1,4 +1,4 @@
-"""Profiler service, three roles, all reading and writing the store only (no bus needed):
+"""Profiler service, four roles, all reading and writing the store only (no bus needed):
 
 - **latency profiles**: every registered model for this machine's device class. It polls
   the store's models on start and every ``poll_s`` seconds, and profiles each model whose
@@ -13,6 +13,12 @@
   naive), into ``batch_profiles``. The optimizer re-plans on a window marked drifted.
   A window is profiled ``GRACE_S`` after it ends, so request records flushed late still
   count; a restarted profiler resumes after the newest window stored.
+- **Performance History Table** (HELIOS §3.3.2, :mod:`services.profiler.pht_rows`): every
+  ``PHT_POLL_S``, the PHT rows (per assessment, candidate and loaded depth) of every
+  assessment whose generation streams (``generations``, stored by the monitor) changed,
+  rebuilt from all its streams. An assessment's rows have caught up when their tokens are
+  its streams' (``Store.assessment_progress``). A restarted profiler rebuilds each model's
+  newest assessment.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,7 @@ from services.common.config import Config
 from services.profiler.batch_profile import window_start
 from services.profiler.cap_profiles import CapProfiler
 from services.profiler.latency import BATCH_SIZES, from_manifest, measure
+from services.profiler.pht_rows import pht_rows_from_generations
 from services.profiler.survival_forecast import MAX_HISTORY
 from services.profiler.window_profile import (
     WindowProfile,
@@ -48,6 +56,10 @@ FAILED_RETRY_S = 600.0  # a model that failed to profile is tried again after th
 GRACE_S = 5.0  # routers flush request records within a second or two; 5 s leaves margin
 CATCH_UP_WINDOWS = 30  # a (re)started profiler profiles at most this many past windows
 CAP_POLL_S = 2.0  # depth caps follow a new latency profile or exit config within this
+PHT_POLL_S = 1.0  # the optimizer waits for an assessment's PHT rows: keep them this fresh
+# Streams of ids this far below the newest seen are looked at again: on PostgreSQL a stream
+# can commit after one with a higher id (ids are handed out before commit).
+RECHECK_IDS = 1024
 
 
 def expected_keys(manifest: dict[str, Any], batch_sizes: tuple[int, ...]) -> set[tuple]:
@@ -253,30 +265,72 @@ class BatchProfiler:
         return self.store.latest_exit_config(name)
 
 
-async def batch_profiles(batch: BatchProfiler, stop: asyncio.Event, log: Any) -> None:
-    """The batch-profile role's loop: one poll per window, in a thread (ARIMA fits)."""
-    while not stop.is_set():
-        try:
-            await asyncio.to_thread(batch.poll, time.time())
-        except Exception:  # store hiccup: the windows are profiled at the next poll
-            log.exception("batch profile poll failed")
-        try:
-            await asyncio.wait_for(stop.wait(), batch.window_s)
-        except TimeoutError:
-            pass
+class PhtProfiler:
+    """The PHT role (see the module docstring); synchronous: run it in a thread."""
+
+    def __init__(self, store: Any, log: Any) -> None:
+        self.store = store
+        self.log = log
+        self.seen: int | None = None  # newest generation id seen; None: before the first poll
+
+    def poll(self) -> int:
+        """Rebuild the PHT rows of the assessments with streams among the newest (the ids
+        from ``RECHECK_IDS`` below the newest seen on) that have not caught up, and on the
+        first poll each model's newest assessment whatever its state; returns how many
+        assessments were rebuilt."""
+        forced: set[tuple[str, int]] = set()
+        if self.seen is None:  # (re)started: the PHT may lag, or be another version's
+            every = self.store.generation_assessments()
+            newest = {t["model"]: t["assessment"] for t in every}  # by assessment: last wins
+            forced = set(newest.items())
+            self.seen = max((t["last_id"] for t in every), default=0)
+        touched = self.store.generation_assessments(max(self.seen - RECHECK_IDS, 0))
+        stale = forced | {(t["model"], t["assessment"]) for t in touched
+                          if (t["model"], t["assessment"]) not in forced
+                          and not self.caught_up(t["model"], t["assessment"])}
+        for model, assessment in sorted(stale):
+            self.rebuild(model, assessment)
+        self.seen = max([self.seen, *(t["last_id"] for t in touched)])
+        return len(stale)
+
+    def caught_up(self, model: str, assessment: int) -> bool:
+        """True when every (candidate, depth) of the assessment that emitted tokens has its
+        PHT row, with those tokens."""
+        pht = {(r["candidate"], r["loaded_depth"]): r["tokens"]
+               for r in self.store.pht_rows(model, assessment)}
+        return all(pht.get((p["candidate"], p["depth"])) == p["tokens"]
+                   for p in self.store.assessment_progress(model, assessment) if p["tokens"] > 0)
+
+    def rebuild(self, model: str, assessment: int) -> None:
+        rows = pht_rows_from_generations(self.store.generations(model, assessment))
+        self.store.record_pht(model, rows)
+        self.log.debug("PHT rows rebuilt %s", logs.kv(model=model, assessment=assessment,
+                                                      rows=len(rows)))
 
 
-async def cap_profiles(caps: CapProfiler, stop: asyncio.Event, every_s: float, log: Any) -> None:
-    """The depth-cap role's loop: one refresh every ``every_s``, in a thread."""
+async def repeat(poll: Callable[[], Any], every_s: float, stop: asyncio.Event, log: Any,
+                 role: str) -> None:
+    """A role's loop: ``poll`` in a thread every ``every_s`` until ``stop``. A failed poll
+    (a store hiccup) is logged; the next one does its work."""
     while not stop.is_set():
         try:
-            await asyncio.to_thread(caps.poll, utc(time.time()))
-        except Exception:  # store hiccup: the caps are refreshed at the next poll
-            log.exception("depth-cap profile poll failed")
+            await asyncio.to_thread(poll)
+        except Exception:
+            log.exception("%s poll failed", role)
         try:
             await asyncio.wait_for(stop.wait(), every_s)
         except TimeoutError:
             pass
+
+
+async def batch_profiles(batch: BatchProfiler, stop: asyncio.Event, log: Any) -> None:
+    """The batch-profile role's loop: one poll per window, in a thread (ARIMA fits)."""
+    await repeat(lambda: batch.poll(time.time()), batch.window_s, stop, log, "batch profile")
+
+
+async def cap_profiles(caps: CapProfiler, stop: asyncio.Event, every_s: float, log: Any) -> None:
+    """The depth-cap role's loop: one refresh every ``every_s``, in a thread."""
+    await repeat(lambda: caps.poll(utc(time.time())), every_s, stop, log, "depth-cap profile")
 
 
 async def serve_profiler(cfg: Config, stop: asyncio.Event, poll_s: float = POLL_S) -> None:
@@ -287,7 +341,8 @@ async def serve_profiler(cfg: Config, stop: asyncio.Event, poll_s: float = POLL_
     profiler = Profiler(cfg, store, log)
     batch = asyncio.ensure_future(asyncio.gather(
         batch_profiles(BatchProfiler(store, log, cfg.profile_window_s), stop, log),
-        cap_profiles(CapProfiler(store, log, profiler.device), stop, CAP_POLL_S, log)))
+        cap_profiles(CapProfiler(store, log, profiler.device), stop, CAP_POLL_S, log),
+        repeat(PhtProfiler(store, log).poll, PHT_POLL_S, stop, log, "PHT")))
     log.info("profiler ready %s", logs.kv(device=profiler.device, poll_s=poll_s,
                                            window_s=cfg.profile_window_s))
     try:

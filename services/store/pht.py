@@ -1,12 +1,15 @@
 """The store's HELIOS history: the model repository (candidate early-exit LLMs with their
-offline profiles), the Performance History Table (how each candidate did per served model,
-assessment and loaded depth) and HELIOS's decisions (which candidate and depth served a
-model from when on, and why). A mixin of :class:`services.store.repository.Store`, which
-supplies the engine, the serialised writer and the dialect's INSERT.
+offline profiles), the generation streams LLM workers ended (which candidate and depth
+served each, for which assessment, and how it went), the Performance History Table built
+from them (how each candidate did per served model, assessment and loaded depth) and
+HELIOS's decisions (which candidate and depth served a model from when on, and why). A mixin
+of :class:`services.store.repository.Store`, which supplies the engine, the serialised
+writer, the dialect's INSERT and the idempotent telemetry ingest.
 
 Rows go in and come out as plain dicts whose keys are the fields of
 ``services.optimizer.helios``'s ``Candidate``, ``PhtRow`` and ``Decision`` (the store does
-not import the optimizer); exit distributions come back keyed by int layer.
+not import the optimizer), and for generation streams the ``generations`` columns; exit
+distributions and a stream's exits come back keyed by int layer.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from sqlalchemy import DateTime, bindparam, func, insert, select, text
 
 from services.store.db import naive_utc, utcnow
-from services.store.tables import HeliosDecision, PhtEntry, RepositoryCandidate
+from services.store.tables import Generation, HeliosDecision, PhtEntry, RepositoryCandidate
 
 REPOSITORY_COLUMNS = ("name", "family", "n_layers", "exit_layers", "layer_bytes",
                       "fixed_bytes", "kv_bytes_per_token_layer", "tokens_per_s", "perplexity",
@@ -28,6 +31,9 @@ PHT_COLUMNS = ("model", "at", "assessment", "candidate", "loaded_depth", "tokens
 DECISION_COLUMNS = ("model", "at", "kind", "candidate", "depth", "assessment", "reason",
                     "batch", "load_bytes", "load_ms", "cost_ms")
 DECISION_KINDS = ("evaluate", "load", "switch", "stay")
+GENERATION_COLUMNS = ("id", "request_id", "model", "worker", "received_at", "candidate",
+                      "depth", "assessment", "prompt_tokens", "tokens", "ttft_ms", "tpot_ms",
+                      "duration_ms", "logprob", "exits", "breaches", "memory_bytes")
 
 # Which candidate and depth served each request of a model, and why: the decision in force
 # when the request arrived (the newest one at or before it). One query on both back ends.
@@ -65,13 +71,27 @@ def _pht_row(model: str, at: datetime, r: Mapping[str, Any]) -> dict[str, Any]:
             "memory_bytes": int(r["memory_bytes"]), "tokens": int(r["tokens"])}
 
 
+def _generation_row(r: Mapping[str, Any]) -> dict[str, Any]:
+    return {"request_id": str(r["request_id"]), "model": str(r["model"]),
+            "worker": str(r["worker"]), "received_at": naive_utc(r["received_at"]),
+            "candidate": str(r["candidate"]), "depth": int(r["depth"]),
+            "assessment": _opt(int, r.get("assessment")),
+            "prompt_tokens": int(r["prompt_tokens"]), "tokens": int(r["tokens"]),
+            "ttft_ms": float(r["ttft_ms"]), "tpot_ms": float(r["tpot_ms"]),
+            "duration_ms": float(r["duration_ms"]), "logprob": float(r["logprob"]),
+            "exits": {str(int(k)): int(v) for k, v in r["exits"].items()},
+            "breaches": int(r["breaches"]), "memory_bytes": int(r["memory_bytes"])}
+
+
 class HeliosHistory:
     """Model repository, PHT and HELIOS decisions (see the module docstring)."""
 
-    # supplied by Store: the engine, the serialised writer and the dialect's INSERT
+    # supplied by Store: the engine, the serialised writer, the dialect's INSERT and the
+    # ingest of telemetry rows under a batch key (a redelivered batch adds nothing)
     engine: Any
     _writer: Any
     _insert: Callable[[Any], Any]
+    _ingest: Callable[..., int]
 
     # -- model repository -------------------------------------------------------------
 
@@ -110,6 +130,56 @@ class HeliosHistory:
         for r in rows:
             r["exit_distribution"] = _layers_out(r["exit_distribution"])
         return rows
+
+    # -- generation streams -------------------------------------------------------------
+
+    def add_generations(self, rows: Sequence[Mapping[str, Any]],
+                        ingest_key: str | None = None) -> int:
+        """Insert generation streams in one transaction: ``request_id``, ``model``,
+        ``worker``, ``received_at``, ``candidate``, ``depth``, ``assessment`` (None: outside
+        any), ``prompt_tokens``, ``tokens``, ``ttft_ms``, ``tpot_ms``, ``duration_ms``,
+        ``logprob``, ``exits`` ({layer: tokens}), ``breaches``, ``memory_bytes``. Returns the
+        rows offered, 0 when the batch ``ingest_key`` was stored before; a stream already
+        stored (same model and request id) keeps its row."""
+        table = Generation.__table__
+        once = self._insert(table).on_conflict_do_nothing(
+            index_elements=["model", "request_id"], index_where=text("request_id <> ''"))
+        return self._ingest(table, [_generation_row(r) for r in rows], ingest_key, once)
+
+    def generations(self, model: str, assessment: int) -> list[dict[str, Any]]:
+        """The streams of ``model`` that counted toward ``assessment``, in the order stored,
+        with every column (``GENERATION_COLUMNS``)."""
+        g = Generation
+        q = (select(*(getattr(g, c) for c in GENERATION_COLUMNS))
+             .where(g.model == model, g.assessment == int(assessment)).order_by(g.id))
+        with self.engine.connect() as conn:
+            rows = [row._asdict() for row in conn.execute(q)]
+        for r in rows:
+            r["exits"] = {int(k): int(v) for k, v in r["exits"].items()}
+        return rows
+
+    def generation_assessments(self, after_id: int = 0) -> list[dict[str, Any]]:
+        """Per (model, assessment) with streams stored under an id above ``after_id``:
+        ``model``, ``assessment``, ``last_id`` (the newest such id); streams outside any
+        assessment are left out. By model and assessment."""
+        g = Generation
+        q = (select(g.model, g.assessment, func.max(g.id).label("last_id"))
+             .where(g.id > int(after_id), g.assessment.is_not(None))
+             .group_by(g.model, g.assessment).order_by(g.model, g.assessment))
+        with self.engine.connect() as conn:
+            return [row._asdict() for row in conn.execute(q)]
+
+    def assessment_progress(self, model: str, assessment: int) -> list[dict[str, Any]]:
+        """What ``assessment`` of ``model`` has served so far, per candidate and depth:
+        ``candidate``, ``depth``, ``requests`` (streams), ``tokens`` and ``last_at`` (the
+        newest stream's arrival). Its PHT row has caught up when its ``tokens`` are these."""
+        g = Generation
+        q = (select(g.candidate, g.depth, func.count().label("requests"),
+                    func.sum(g.tokens).label("tokens"), func.max(g.received_at).label("last_at"))
+             .where(g.model == model, g.assessment == int(assessment))
+             .group_by(g.candidate, g.depth).order_by(g.candidate, g.depth))
+        with self.engine.connect() as conn:
+            return [row._asdict() for row in conn.execute(q)]
 
     # -- performance history table ----------------------------------------------------
 
@@ -162,7 +232,8 @@ class HeliosHistory:
                                at: datetime | None = None) -> dict[str, Any]:
         """Store what serves ``model`` from ``at`` (default now) on: ``kind`` (one of
         ``DECISION_KINDS``), ``candidate``, ``depth``, ``reason`` and optionally
-        ``assessment``, ``batch``, ``load_bytes``, ``load_ms``, ``cost_ms``. Returns the row."""
+        ``assessment``, ``batch``, ``load_bytes``, ``load_ms``, ``cost_ms``. Returns the row,
+        with its ``id`` (increasing: what the HELIOS decision message carries)."""
         if decision["kind"] not in DECISION_KINDS:
             raise ValueError(f"decision kind {decision['kind']!r} not in {DECISION_KINDS}")
         get = decision.get
@@ -173,17 +244,27 @@ class HeliosHistory:
                "load_bytes": _opt(int, get("load_bytes")), "load_ms": _opt(float, get("load_ms")),
                "cost_ms": _opt(float, get("cost_ms"))}
         with self._writer.begin() as conn:
-            conn.execute(insert(HeliosDecision).values(**row))
-        return row
+            res = conn.execute(insert(HeliosDecision).values(**row))
+        return {"id": res.inserted_primary_key[0], **row}
 
     def helios_decisions(self, model: str, since: datetime | None = None) -> list[dict[str, Any]]:
-        """``model``'s decisions (at or after ``since``), oldest first."""
+        """``model``'s decisions (at or after ``since``), with their ``id``, oldest first."""
         d = HeliosDecision
-        q = select(*(getattr(d, c) for c in DECISION_COLUMNS)).where(d.model == model)
+        q = select(d.id, *(getattr(d, c) for c in DECISION_COLUMNS)).where(d.model == model)
         if since is not None:
             q = q.where(d.at >= naive_utc(since))
         with self.engine.connect() as conn:
             return [row._asdict() for row in conn.execute(q.order_by(d.at, d.id))]
+
+    def latest_helios_decision(self, model: str) -> dict[str, Any] | None:
+        """The decision in force for ``model`` (its newest, as ``SERVED_BY_SQL`` orders them),
+        with its ``id``; None before the first."""
+        d = HeliosDecision
+        q = (select(d.id, *(getattr(d, c) for c in DECISION_COLUMNS)).where(d.model == model)
+             .order_by(d.at.desc(), d.id.desc()).limit(1))
+        with self.engine.connect() as conn:
+            row = conn.execute(q).one_or_none()
+        return None if row is None else row._asdict()
 
     def requests_served_by(self, model: str, since: datetime,
                            until: datetime | None = None) -> list[dict[str, Any]]:

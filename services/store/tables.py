@@ -361,3 +361,35 @@ class HeliosDecision(Base):
     load_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     load_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     cost_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Generation(Base):
+    """One generation stream an LLM worker ended with an answer: the candidate and loaded
+    depth that served it, the assessment it counts toward, and how it went. The profiler's
+    PHT rows are aggregates of these per (assessment, candidate, depth)."""
+
+    __tablename__ = "generations"
+    __table_args__ = (
+        Index(None, "model", "received_at"),
+        Index(None, "model", "assessment"),
+        # one row per stream, like requests (migration 0005): a redelivery adds nothing
+        Index("uq_generations_model_request_id", "model", "request_id", unique=True,
+              sqlite_where=text("request_id <> ''"), postgresql_where=text("request_id <> ''")),
+    )
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(Name)  # the served model clients address
+    worker: Mapped[str] = mapped_column(String(128))
+    received_at: Mapped[datetime] = mapped_column(DateTime)  # by the router
+    candidate: Mapped[str] = mapped_column(Name)
+    depth: Mapped[int] = mapped_column(Integer)  # loaded depth that served it
+    assessment: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    tokens: Mapped[int] = mapped_column(Integer)
+    ttft_ms: Mapped[float] = mapped_column(Float)
+    tpot_ms: Mapped[float] = mapped_column(Float)
+    duration_ms: Mapped[float] = mapped_column(Float)  # accepted by the worker to last token
+    logprob: Mapped[float] = mapped_column(Float)  # natural log, summed over the tokens
+    exits: Mapped[dict[str, int]] = mapped_column(Json)  # exit layer (string key) -> tokens
+    breaches: Mapped[int] = mapped_column(Integer)  # tokens that needed layers not loaded
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)  # weights + this stream's KV cache

@@ -17,6 +17,12 @@ one config version sequence. Ramp-adjustment utilities go to ``ramp_utilities`` 
 state to ``tuner_state`` after every decision, so a restarted tuner resumes with the same
 config version and feedback history instead of falling back to defaults. A config stored
 by someone else (``offramp exit-config``) is adopted as the new starting point.
+
+For generative models the tuner runs HELIOS's Confidence Breach Counter (``breach_watch``):
+it follows the optimizer's decisions (``offramp.helios.decision.<model>``), counts the
+breaches in LLM workers' generation telemetry, and publishes one ``BreachAlert`` on
+``offramp.helios.breach.<model>`` when the counter trips, asking the optimizer to load more
+layers or switch candidate.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from nats.aio.msg import Msg
 from threadpoolctl import threadpool_limits
 
 from schemas import subjects
+from schemas.helios import BreachAlert, GenerationTelemetry, HeliosChoice
 from schemas.messages import ExitConfig, decode_map
 from schemas.telemetry import RampFeatures, SampleTelemetry
 from services.common import bus, logs, metrics
@@ -40,10 +47,11 @@ from services.common.config import Config
 from services.common.service_loop import spawn
 from services.exits.exit_window import ExitWindow
 from services.exits.latency_profile import LatencyProfile
-from services.runtime.manifest import Manifest
+from services.runtime.manifest import Manifest, manifest_kind
 from services.runtime.ramp_heads import load_head, save_head
 from services.store.repository import Store
 from services.tuner import climb_native
+from services.tuner.breach_watch import BreachWatch
 from services.tuner.controller import ExitController, TunerDecision, mode_controller
 from services.tuner.ramp_learner import LearnerConfig, RampLearner, soft_temperature
 
@@ -120,6 +128,8 @@ class Tuner:
         self.tasks: set[asyncio.Task] = set()
         self.lock = asyncio.Lock()  # one decision at a time: versions stay in order
         self.decision_seconds = metrics.Children(metrics.TUNER_DECISION_SECONDS)
+        # HELIOS: one breach counter per generative model, from its first decision on
+        self.watches: dict[str, BreachWatch] = {}
 
     def load(self, name: str) -> ModelTuner:
         """Resume from the store: the saved controller if it matches the config in force,
@@ -368,6 +378,45 @@ class Tuner:
             self.log.info("tuner adopted %s", logs.kv(model=config.model, version=tuner.deployed))
             await self._save_state(tuner)
 
+    async def on_decision(self, msg: Msg) -> None:
+        """Follow the optimizer's HELIOS decision of a model: a newer one resets and re-arms
+        its breach counter; a re-broadcast one changes nothing."""
+        try:
+            choice = HeliosChoice.decode(decode_map(msg.data))
+        except Exception as exc:  # noqa: BLE001 - a bad message must not stop the tuner
+            self.log.error("bad HELIOS decision on %s: %r", msg.subject, exc)
+            return
+        watch = self.watches.get(choice.model)
+        if watch is None:
+            watch = self.watches[choice.model] = BreachWatch(choice.model)
+        before = watch.choice
+        watch.follow(choice)
+        if watch.choice is not before:
+            self.log.info("breach counter follows %s", logs.kv(
+                model=choice.model, decision=choice.decision, kind=choice.kind,
+                candidate=choice.candidate, depth=choice.depth, armed=watch.armed))
+
+    async def on_generation(self, msg: Msg) -> None:
+        """Count the breaches of the streams an LLM worker ended; alert when it trips."""
+        try:
+            telemetry = GenerationTelemetry.decode(decode_map(msg.data))
+        except Exception as exc:  # noqa: BLE001 - a bad message must not stop the tuner
+            self.log.error("bad generation telemetry on %s: %r", msg.subject, exc)
+            return
+        watch = self.watches.get(telemetry.model)
+        if watch is None:  # no decision known yet: nothing to count against
+            return
+        for record in telemetry.records:
+            alert = watch.observe(record)
+            if alert is not None:
+                await self._breach(alert)
+
+    async def _breach(self, alert: BreachAlert) -> None:
+        await self.nc.publish(subjects.helios_breach(alert.model), alert.encode())
+        self.log.info("confidence breach %s", logs.kv(
+            model=alert.model, decision=alert.decision, candidate=alert.candidate,
+            depth=alert.depth, breaches=alert.breaches, window=alert.window))
+
     def _adopt_heads(self, tuner: ModelTuner, heads: dict[int, str]) -> None:
         """Serve (and refit from) the heads a config set by hand names, e.g. a pinned
         earlier version: later refits must beat that head to replace it."""
@@ -390,10 +439,14 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     nc = await bus.connect_as(cfg, "tuner", "offramp-tuner")
     tuner = Tuner(nc, cfg, store, log)
     for name in cfg.models:
+        if manifest_kind(cfg.models_dir / name) == "llm":
+            continue  # a generative model's tuning is HELIOS's breach counter (watches)
         tuner.models[name] = await asyncio.to_thread(tuner.load, name)
     await nc.subscribe(subjects.telemetry_samples("*"), cb=tuner.on_samples)
     await nc.subscribe(subjects.exit_config("*"), cb=tuner.on_config)
     await nc.subscribe(subjects.ramp_features("*"), cb=tuner.on_features)
+    await nc.subscribe(subjects.helios_decision("*"), cb=tuner.on_decision)
+    await nc.subscribe(subjects.telemetry_generation("*"), cb=tuner.on_generation)
     log.info("tuner ready %s", logs.kv(models=",".join(tuner.models),
                                         constraint=cfg.accuracy_loss,
                                         climb=climb_native.engine(cfg.tuner_native)))

@@ -29,6 +29,7 @@ from schemas import errors, subjects
 from schemas.errors import ServingError
 from schemas.generation import LlmWork, decode_generate_request
 from schemas.heartbeat import Heartbeat
+from schemas.helios import GenerationRecord, GenerationTelemetry, HeliosChoice
 from schemas.messages import Results, decode_map, encode_error, request_id_of
 from schemas.telemetry import OK, RequestRecord, RequestTelemetry
 from services.common import bus, logs
@@ -36,7 +37,7 @@ from services.common.config import Config
 from services.common.hotpath import publish_all, subscribe_direct
 from services.common.service_loop import supervise
 from services.runtime.llm_decoder import LlmDecoder, Sequence
-from services.runtime.llm_layers import LayerLoader
+from services.runtime.llm_layers import LayerLoader, Move
 from services.runtime.llm_model import LoadedLlm, load
 from services.worker.llm_streams import GenStream, prompt_problem
 
@@ -99,6 +100,11 @@ class LlmWorker:
         self.wake = asyncio.Event()
         self.rounds = 0
         self.records_sent = 0  # request-row messages, numbered for the monitor's dedup
+        self.choice: HeliosChoice | None = None  # HELIOS's decision being served
+        self.next_choice: HeliosChoice | None = None  # received, applied between rounds
+        self.loader: LayerLoader | None = None
+        self.loading: tuple[HeliosChoice, asyncio.Future] | None = None  # layers being read
+        self.threshold = cfg.llm_threshold  # what a token needs at the loaded depth's head
 
     @property
     def open_ids(self) -> tuple[str, ...]:
@@ -146,23 +152,28 @@ class LlmWorker:
         return list(tok.encode(req.prompt))
 
     def _end(self, reply: str, router: str, rid: str, terminal: bytes,
-             record: RequestRecord) -> None:
-        """A stream's request row, terminal message and the router's release, in one
-        write."""
+             record: RequestRecord, generation: GenerationRecord | None = None) -> None:
+        """A stream's request row (and generation record), terminal message and the
+        router's release, in one write."""
         empty = np.zeros(0, np.int32)
         release = Results(rid, self.id, 0, [], empty, empty.astype(np.float32), empty, None,
                           False, 0, release=True).encode()
         self.records_sent += 1
         row = RequestTelemetry(self.name, self.id, [record]).encode()
-        # the row first, as every answer's record (schemas/README.md, "Request telemetry")
-        publish_all(self.nc, [(subjects.telemetry_requests(self.name), row,
-                               f"{self.id}:r{self.records_sent}"),
-                              (reply, terminal), (router, release)], self.log)
+        # the rows first, as every answer's record (schemas/README.md, "Request telemetry")
+        messages = [(subjects.telemetry_requests(self.name), row,
+                     f"{self.id}:r{self.records_sent}")]
+        if generation is not None:
+            messages.append((subjects.telemetry_generation(self.name),
+                             GenerationTelemetry(self.name, self.id, [generation]).encode(),
+                             f"{self.id}:g{self.records_sent}"))
+        publish_all(self.nc, [*messages, (reply, terminal), (router, release)], self.log)
 
-    def _row(self, rid: str | None, received: float, status: str) -> RequestRecord:
+    def _row(self, rid: str | None, received: float, status: str,
+             depth: int | None = None) -> RequestRecord:
         """The request row of a request received at ``received`` (unix s) ending now with
-        ``status``; an answered one names the model and depth that served it."""
-        served = f"{self.name}@{self.decoder.depth}" if status == OK else None
+        ``status``; an answered one names the model and the depth that served it."""
+        served = f"{self.name}@{depth or self.decoder.depth}" if status == OK else None
         return RequestRecord(rid, received, (time.time() - received) * 1e3, status,
                              variant=served)
 
@@ -171,6 +182,7 @@ class LlmWorker:
     async def run(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         while not stop.is_set():
+            self._follow_choices(loop)
             if not self.waiting and not self.active:
                 self.wake.clear()
                 await self.wake.wait()
@@ -181,6 +193,8 @@ class LlmWorker:
             running = list(self.active.values())
             for s in new:  # open from here on: heartbeats list them
                 self.active[s.id] = (s, seqs[s.id])
+                s.depth, s.assessment = self.decoder.depth, getattr(self.choice, "assessment",
+                                                                    None)
             try:
                 out = await loop.run_in_executor(None, self._round, list(seqs.values()),
                                                  [q for _, q in running])
@@ -194,30 +208,109 @@ class LlmWorker:
                 continue
             self._publish_round(out)
 
-    def _round(self, new: list[Sequence], running: list[Sequence]) -> list[tuple[str, int, int]]:
+    def _round(self, new: list[Sequence],
+               running: list[Sequence]) -> list[tuple[str, int, int, float]]:
         """In a thread: first tokens of ``new``, the next token of ``running``."""
         results = self.decoder.prefill(new) if new else []
         if running:
             results += self.decoder.step(running, self.thresholds)
         self.rounds += 1
-        return [(r.request_id, r.token, r.exit_layer) for r in results]
+        return [(r.request_id, r.token, r.exit_layer, r.confidence) for r in results]
 
-    def _publish_round(self, out: list[tuple[str, int, int]]) -> None:
+    def _publish_round(self, out: list[tuple[str, int, int, float]]) -> None:
         now = time.monotonic()
         messages: list[tuple[str, bytes]] = []
-        ended: list[GenStream] = []
-        for rid, token, layers in out:
-            stream, _seq = self.active[rid]
+        ended: list[tuple[GenStream, Sequence]] = []
+        n_layers = self.decoder.n_layers
+        for rid, token, layers, confidence in out:
+            stream, seq = self.active[rid]
+            # a token that reached a partial depth's head unsure needed layers not loaded
+            breach = layers == self.decoder.depth < n_layers and confidence < self.threshold
             messages.append((stream.reply, stream.add(token, layers, now,
-                                                      self.llm.tokenizer.decode, self.eos)))
+                                                      self.llm.tokenizer.decode, self.eos,
+                                                      confidence, breach)))
             if stream.finish:
-                ended.append(stream)
+                ended.append((stream, seq))
         publish_all(self.nc, messages, self.log)
-        for stream in ended:
+        for stream, seq in ended:
             del self.active[stream.id]
+            memory = self.decoder.weight_bytes() + self.decoder.kv_bytes(seq)
             self._end(stream.reply, stream.router, stream.id,
-                      stream.done(now, self.name, self.decoder.depth),
-                      self._row(stream.id, stream.received, OK))
+                      stream.done(now, self.name, stream.depth),
+                      self._row(stream.id, stream.received, OK, stream.depth),
+                      stream.record(now, self.name, memory))
+
+    # ------------------------------------------------------------------ HELIOS
+
+    def on_choice(self, msg: Msg) -> None:
+        """The optimizer's decision (re-broadcast periodically): adopted between rounds."""
+        try:
+            choice = HeliosChoice.decode(decode_map(msg.data))
+        except ServingError as exc:
+            self.log.error("ignoring malformed HELIOS decision: %s", exc.message)
+            return
+        newest = self.next_choice or self.choice
+        if newest is not None and choice.decision <= newest.decision:
+            return
+        problem = self._choice_problem(choice)
+        if problem:
+            self.log.error("ignoring HELIOS decision %s: %s", choice.decision, problem)
+            return
+        self.next_choice = choice
+        self.wake.set()
+
+    def _choice_problem(self, choice: HeliosChoice) -> str | None:
+        if choice.candidate != self.name:
+            return (f"candidate {choice.candidate!r}: this worker holds {self.name!r} "
+                    "(a switch needs a worker of that candidate)")
+        n = self.decoder.n_layers
+        if choice.depth != n and choice.depth not in self.llm.heads.layers:
+            return f"depth {choice.depth}: not {n} and no exit head there"
+        return None
+
+    def _follow_choices(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Between rounds: serve a decision whose layers are in, and start on the next one.
+        Loading is pipelined with decoding: layers above the depth in use are read back in
+        another thread while rounds go on (a round never touches them), and the decoder
+        goes deeper at the first round after; a shallower depth takes effect at once and
+        its released layers' memory returns in the background."""
+        if self.loading is not None and self.loading[1].done():
+            choice, future = self.loading
+            self.loading = None
+            try:
+                self._serve(choice, future.result())
+            except Exception as exc:  # noqa: BLE001 - keep serving at the depth loaded
+                self.log.error("cannot load to depth %s: %r", choice.depth, exc)
+        if self.loading is not None or self.next_choice is None:
+            return
+        choice, self.next_choice = self.next_choice, None
+        if self.loader is None:
+            self.loader = LayerLoader(self.llm.model, Path(self.llm.manifest.base["fp32"]))
+        if choice.depth < self.decoder.depth:
+            self._serve(choice, None)
+        future = loop.run_in_executor(None, self.loader.load_to, choice.depth)
+        future.add_done_callback(lambda _f: self.wake.set())
+        self.loading = (choice, future)
+
+    def _serve(self, choice: HeliosChoice, move: Move | None) -> None:
+        """From the next round on: ``choice``'s depth, its heads and its slots."""
+        if self.choice is choice:
+            return
+        self.decoder.set_depth(choice.depth)
+        self.choice = choice
+        if choice.threshold is not None:
+            self.threshold = choice.threshold
+        # an evaluation measures the exit distribution: every head is scored
+        heads = self.llm.heads.layers if choice.kind == "evaluate" \
+            else heads_in_use(self.cfg.llm_heads, self.llm)
+        self.thresholds = {k: self.threshold for k in heads if k < choice.depth}
+        self.slots = slots_for(self.llm, self.cfg.kv_budget_mb, self.cfg.llm_slot_tokens,
+                               choice.depth)
+        moved = {} if move is None else {"loaded_mb": move.loaded_bytes / 2**20,
+                                         "load_ms": round(move.ms, 1)}
+        self.log.info("helios decision %s", logs.kv(
+            decision=choice.decision, kind=choice.kind, depth=choice.depth,
+            assessment=choice.assessment, slots=self.slots, **moved))
 
     # ------------------------------------------------------------------ liveness
 
@@ -250,10 +343,12 @@ async def serve_llm(cfg: Config, stop: asyncio.Event, model: str) -> None:
     worker = LlmWorker(nc, cfg, model, llm, log)
     depth = worker.decoder.depth
     if depth < worker.decoder.n_layers:  # the layers above it hold no weights
-        move = LayerLoader(llm.model, Path(llm.manifest.base["fp32"])).load_to(depth)
+        worker.loader = LayerLoader(llm.model, Path(llm.manifest.base["fp32"]))
+        move = worker.loader.load_to(depth)
         log.info("partial load %s", logs.kv(depth=depth, freed_mb=move.freed_bytes / 2**20,
                                             ms=round(move.ms, 1)))
     await subscribe_direct(nc, subjects.llm_work(worker.id), worker.on_work)
+    await subscribe_direct(nc, subjects.helios_decision(model), worker.on_choice)
     tasks: set[asyncio.Task] = set()
     supervise("heartbeat", lambda: worker.heartbeat_loop(stop), tasks, log)
     runner = supervise("decode", lambda: worker.run(stop), tasks, log)

@@ -1,12 +1,14 @@
 """One generation stream as an LLM worker serves it: the request, the tokens produced, the
 text they add, when it ends (end-of-sequence, a stop string, ``max_tokens``, the model's
-context) and the messages it sends: token chunks, then one terminal message.
+context) and the messages it sends: token chunks, one terminal message, and its generation
+telemetry record (what served it and how it went, for HELIOS).
 
 No torch and no bus: the worker passes the tokenizer's ``decode`` and the clock.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from schemas.generation import (
     GenerateRequest,
     encode_chunk,
 )
+from schemas.helios import GenerationRecord
 
 Decode = Callable[[list[int]], str]
 
@@ -31,11 +34,15 @@ class GenStream:
     accepted: float                  # monotonic seconds
     limit: int                       # the most tokens it may produce (max_tokens, context)
     received: float = 0.0            # unix seconds the router received it
+    depth: int = 0                   # loaded depth when it started: what serves it
+    assessment: int | None = None    # the HELIOS assessment it counts toward
     tokens: list[int] = field(default_factory=list)
     exits: list[int] = field(default_factory=list)
     text: str = ""
     first_at: float | None = None
     last_at: float | None = None
+    logprob: float = 0.0             # sum of ln p of the tokens kept
+    breach_at: list[int] = field(default_factory=list)
     seq: int = 0
     finish: str = ""
 
@@ -43,10 +50,12 @@ class GenStream:
     def id(self) -> str:
         return self.request.id
 
-    def add(self, token: int, layers: int, now: float, decode: Decode,
-            eos: frozenset[int]) -> bytes:
-        """Record one produced token; returns its chunk (and sets ``finish`` when it ends
-        the stream). The end-of-sequence token ends it without being sent as text."""
+    def add(self, token: int, layers: int, now: float, decode: Decode, eos: frozenset[int],
+            confidence: float = 1.0, breach: bool = False) -> bytes:
+        """Record one produced token, emitted with top probability ``confidence`` (greedy:
+        the token's own) and, with ``breach``, below the threshold at a partial depth's
+        head; returns its chunk (and sets ``finish`` when it ends the stream). The
+        end-of-sequence token ends it without being sent as text."""
         if self.first_at is None:
             self.first_at = now
         self.last_at = now
@@ -54,8 +63,11 @@ class GenStream:
         if token in eos:
             self.finish = FINISH_STOP
         else:
+            if breach:
+                self.breach_at.append(len(self.tokens))
             self.tokens.append(token)
             self.exits.append(layers)
+            self.logprob += math.log(max(confidence, 1e-30))
             chunk_tokens, chunk_exits = [token], [layers]
             # a token may end inside a multi-byte character (shown as U+FFFD until the next
             # token completes it): text is sent up to the last complete character
@@ -78,6 +90,18 @@ class GenStream:
             self.id, self.request.model, self.finish or FINISH_LENGTH, len(self.prompt), n,
             (first - self.accepted) * 1e3, (last - first) * 1e3 / (n - 1) if n > 1 else 0.0,
             (now - self.accepted) * 1e3, dict(Counter(self.exits)), candidate, depth).encode()
+
+
+    def record(self, now: float, candidate: str, memory_bytes: int) -> GenerationRecord:
+        """Its generation telemetry once it ended with an answer."""
+        first = self.first_at if self.first_at is not None else now
+        last = self.last_at if self.last_at is not None else now
+        n = len(self.tokens)
+        return GenerationRecord(
+            self.id, self.received, candidate, self.depth, self.assessment, len(self.prompt),
+            n, (first - self.accepted) * 1e3, (last - first) * 1e3 / (n - 1) if n > 1 else 0.0,
+            (last - self.accepted) * 1e3, self.logprob, dict(Counter(self.exits)),
+            list(self.breach_at), memory_bytes)
 
 
 def prompt_problem(prompt: list[int], max_tokens: int, vocab: int,

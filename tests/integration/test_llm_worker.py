@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from schemas.generation import GenerateRequest, LlmWork
+from schemas.helios import GenerationTelemetry, HeliosChoice
 from schemas.messages import Results, decode_map
 from schemas.telemetry import RequestRecord, RequestTelemetry
 from services.common import config as config_mod
@@ -23,6 +24,7 @@ from services.runtime.llm_model import LoadedLlm
 from services.zoo import tiny_llm
 
 ROUTER = "offramp.results.router-t"
+GEN = "offramp.telemetry.generation.tiny-llm"
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +46,11 @@ def _serve(llm: LoadedLlm, requests: list[GenerateRequest], threshold: float = 1
     return _serve_cfg(llm, requests, cfg, stagger)
 
 
-def _serve_cfg(llm: LoadedLlm, requests: list[GenerateRequest], cfg,
-               stagger: int = 0) -> list[list[tuple[str, bytes]]]:
+def _serve_cfg(llm: LoadedLlm, requests: list[GenerateRequest], cfg, stagger: int = 0,
+               choices: tuple[HeliosChoice, ...] = (),
+               worker: list | None = None) -> list[list[tuple[str, bytes]]]:
+    """... with HELIOS ``choices`` delivered (and adopted) before the requests; the worker
+    is appended to ``worker``."""
     import services.worker.llm_service as svc
 
     writes: list[list[tuple[str, bytes]]] = []
@@ -55,8 +60,14 @@ def _serve_cfg(llm: LoadedLlm, requests: list[GenerateRequest], cfg,
         svc.publish_all = lambda nc, messages, log: writes.append(list(messages))
         try:
             w = svc.LlmWorker(SimpleNamespace(), cfg, "tiny-llm", llm, logging.getLogger("t"))
+            if worker is not None:
+                worker.append(w)
             stop = asyncio.Event()
             task = asyncio.ensure_future(w.run(stop))
+            for choice in choices:
+                w.on_choice(SimpleNamespace(data=choice.encode()))
+                while w.next_choice is not None or w.loading is not None:
+                    await asyncio.sleep(0.002)
             for i, req in enumerate(requests):
                 w.on_work(SimpleNamespace(data=LlmWork(ROUTER, f"_INBOX.c.{req.id}",
                                                        req.encode()).encode()))
@@ -111,8 +122,8 @@ def test_streams_in_a_continuous_batch_get_greedy_tokens_and_one_terminal_each(l
         assert all(e == 6 for c in chunks for e in c["exits"])  # nobody sure at 1.0
         (end,) = [w for w in writes if any(m[0] == f"_INBOX.c.{req.id}" and b"done" in m[1]
                                            for m in w)]
-        assert [m[0] for m in end][1:] == [f"_INBOX.c.{req.id}", ROUTER]   # one write
-        release = Results.decode(decode_map(end[2][1]))
+        assert [m[0] for m in end][1:] == [GEN, f"_INBOX.c.{req.id}", ROUTER]   # one write
+        release = Results.decode(decode_map(end[3][1]))
         assert release.release and release.batch_id == req.id and release.ids == []
         row = _row(end)  # ... with the stream's request row: who served it, how deep
         assert (row.id, row.status, row.variant) == (req.id, "ok", "tiny-llm@6")
@@ -169,3 +180,72 @@ def test_a_partial_depth_answers_every_token_by_then_and_holds_more_streams(llm)
     assert done["depth"] == 4 and all(e <= 4 for c in chunks for e in c["exits"])
     (end,) = [w for w in writes if any(m[0] == "_INBOX.c.p" and b"done" in m[1] for m in w)]
     assert _row(end).variant == "tiny-llm@4"
+
+
+def _generation(write):
+    """The generation record a stream's last write carries (after its request row)."""
+    subject, data, msg_id = write[1]
+    assert subject == GEN and ":g" in msg_id
+    telemetry = GenerationTelemetry.decode(decode_map(data))
+    assert telemetry.model == "tiny-llm" and len(telemetry.records) == 1
+    return telemetry.records[0]
+
+
+def _end(writes, rid: str):
+    (end,) = [w for w in writes if any(m[0] == f"_INBOX.c.{rid}" and b"done" in m[1]
+                                       for m in w)]
+    return end
+
+
+def test_each_answered_stream_reports_what_served_it_and_how(llm):
+    writes = _serve(llm, [GenerateRequest("g", "tiny-llm", 7, prompt="The sea")],
+                    threshold=0.0)  # tokens after the first leave at layer 2
+    done = _stream(writes, "g")[-1]
+    rec = _generation(_end(writes, "g"))
+    n = done["usage"]["completion_tokens"]
+    assert (rec.id, rec.candidate, rec.depth, rec.assessment) == ("g", "tiny-llm", 6, None)
+    assert rec.tokens == n and rec.exits == {int(k): v for k, v in done["exits"].items()}
+    assert rec.breach_at == []  # fully loaded: nothing is missing
+    assert rec.logprob < 0 and rec.memory_bytes > 0 and rec.duration_ms >= rec.ttft_ms
+
+
+def _saved(llm: LoadedLlm, folder) -> LoadedLlm:
+    """The tiny model with its weights saved, as preparation leaves a base model: what
+    partial loading reads released layers back from."""
+    llm.model.save_pretrained(folder)
+    return dataclasses.replace(llm, manifest=SimpleNamespace(name="tiny-llm",
+                                                             base={"fp32": str(folder)}))
+
+
+def test_a_helios_decision_sets_the_depth_streams_report_breaches_and_a_deeper_one_is_exact(
+        llm, tmp_path):
+    saved = _saved(llm, tmp_path / "base")
+    cfg = dataclasses.replace(config_mod.load(), kv_budget_mb=64, llm_heads="", llm_threshold=1.0)
+    shallow = HeliosChoice("tiny-llm", 7, "load", "tiny-llm", 4, 2, threshold=1.0)
+    workers: list = []
+    writes = _serve_cfg(saved, [GenerateRequest("s", "tiny-llm", 6, prompt="The sea")], cfg,
+                        choices=(shallow,), worker=workers)
+    (w,) = workers
+    assert w.decoder.depth == 4 and w.choice == shallow and w.slots > svc_slots(saved)
+    assert not w.loader.resident(5) and w.loader.resident(4)  # released: memory returned
+    rec = _generation(_end(writes, "s"))
+    assert (rec.depth, rec.assessment) == (4, 2) and _row(_end(writes, "s")).variant == \
+        "tiny-llm@4"
+    # the head at 4 answers every token, never sure at threshold 1: each one is a breach
+    assert set(rec.exits) == {4} and rec.breach_at == list(range(rec.tokens))
+    deeper = HeliosChoice("tiny-llm", 8, "load", "tiny-llm", 6, 2)
+    older = HeliosChoice("tiny-llm", 6, "stay", "tiny-llm", 4, 1)
+    other = HeliosChoice("tiny-llm", 9, "switch", "other-llm", 4, 2)
+    writes = _serve_cfg(saved, [GenerateRequest("d", "tiny-llm", 8, prompt="Once upon")], cfg,
+                        choices=(shallow, deeper, older, other), worker=workers)
+    w = workers[-1]
+    assert w.decoder.depth == 6 and w.choice == deeper and w.loader.resident(6)
+    tokens = [t for c in _stream(writes, "d")[:-1] for t in c["tokens"]]
+    assert tokens == _greedy(llm, "Once upon", 8)  # read-back layers are the saved ones
+    assert _generation(_end(writes, "d")).breach_at == []
+
+
+def svc_slots(llm: LoadedLlm) -> int:
+    import services.worker.llm_service as svc
+
+    return svc.slots_for(llm, 64, 1024)

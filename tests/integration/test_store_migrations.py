@@ -33,6 +33,7 @@ TABLES = {
     "model_repository",
     "pht",
     "helios_decisions",
+    "generations",
 }
 
 
@@ -48,7 +49,7 @@ def test_upgrade_creates_tables_and_indexes(url: str) -> None:
     assert migrate.current(url) is None
     migrate.upgrade(url)
     assert _tables(url) == TABLES
-    assert migrate.current(url) == migrate.head() == "0010_helios"
+    assert migrate.current(url) == migrate.head() == "0011_generations"
     engine = make_engine(url)
     try:
         insp = inspect(engine)
@@ -61,6 +62,8 @@ def test_upgrade_creates_tables_and_indexes(url: str) -> None:
         assert ("model", "created_at") in indexes["ramp_heads"]
         assert ("model", "window_end") in indexes["batch_profiles"]
         assert ("model", "created_at") in indexes["deployment_plans"]
+        assert {("model", "received_at"), ("model", "assessment"),
+                ("model", "request_id")} <= indexes["generations"]
     finally:
         engine.dispose()
 

@@ -19,6 +19,12 @@ from schemas import errors, subjects
 from schemas.codec import pack, unpack
 from schemas.errors import ServingError
 from schemas.heartbeat import Heartbeat
+from schemas.helios import (
+    BreachAlert,
+    GenerationRecord,
+    GenerationTelemetry,
+    HeliosChoice,
+)
 from schemas.messages import (
     Batch,
     ExitConfig,
@@ -404,7 +410,9 @@ def test_every_subject_is_documented() -> None:
              subjects.stage_queue("<model>", "<block>"),  # type: ignore[arg-type]
              subjects.results("<router_id>"), subjects.exit_config("<model>"),
              subjects.telemetry_samples("<model>"), subjects.telemetry_requests("<model>"),
-             subjects.ramp_features("<model>"), subjects.plan("<model>")]
+             subjects.ramp_features("<model>"), subjects.plan("<model>"),
+             subjects.telemetry_generation("<model>"), subjects.helios_decision("<model>"),
+             subjects.helios_breach("<model>")]
     missing = [n for n in names if f"`{n}`" not in text]
     assert not missing, missing
     assert subjects.INFER_ALL == "offramp.infer.*" and "`offramp.infer.*`" in text
@@ -750,3 +758,78 @@ def test_deployment_plan_fields() -> None:
     section = readme_section("Deployment plan")
     assert all(f"`{k}`" in section for k in msg["stages"][0])
     assert Plan.decode(msg) == plan
+
+
+# ---------------------------------------------------------------- HELIOS
+
+GENERATIONS = GenerationTelemetry("chat", "chat-s0-abcdef", [
+    GenerationRecord("g-1", 1700000000.5, "opt-1.3b", 12, 3, 7, 5, 40.0, 20.0, 120.0, -2.5,
+                     {6: 3, 12: 2}, [1, 4], 3_000_000_000),
+    GenerationRecord("g-2", 1700000001.0, "opt-1.3b", 12, None, 4, 1, 35.0, 0.0, 35.0, -0.25,
+                     {12: 1}, [], 2_900_000_000),
+])
+
+
+def test_generation_telemetry_fields_round_trip_and_bytes() -> None:
+    data = GENERATIONS.encode()
+    msg = client_decode(data)
+    section, record = readme_section("Generation telemetry"), readme_section("Generation record")
+    assert list(msg) == ["v", *table_order(section)]
+    assert all(list(r) == table_order(record) for r in msg["records"])
+    assert msg["records"][0]["exits"] == {6: 3, 12: 2}  # int keys, as documented
+    assert msg["records"][1]["assessment"] is None
+    assert data == documented_bytes(section, {**msg, "records": [
+        {k: r[k] for k in table_order(record)} for r in msg["records"]]})
+    assert GenerationTelemetry.decode(decode_map(data)) == GENERATIONS
+    bare = {k: v for k, v in msg["records"][1].items() if k != "assessment"}
+    assert GenerationRecord.from_map(bare, 0).assessment is None  # absent = nil
+
+
+@pytest.mark.parametrize("change, fragments", [
+    ({"exits": {6: 3, 12: 1}}, ("must count the 5 tokens",)),
+    ({"breach_at": [5]}, ("must index the 5 tokens",)),
+    ({"tokens": None}, ("'tokens'",)),
+    ({"memory_bytes": None}, ("'memory_bytes'",)),
+])
+def test_malformed_generation_telemetry_is_refused(change: dict, fragments: tuple) -> None:
+    msg = client_decode(GENERATIONS.encode())
+    rec = {k: v for k, v in {**msg["records"][0], **change}.items() if v is not None}
+    assert_refused(GenerationTelemetry.decode, {**msg, "records": [rec]},
+                   "generation record 0", *fragments)
+
+
+def test_helios_decision_fields_round_trip_and_bytes() -> None:
+    choice = HeliosChoice("chat", 42, "load", "opt-1.3b", 24, 3, 0.8)
+    data = choice.encode()
+    msg = client_decode(data)
+    section = readme_section("HELIOS decision")
+    assert list(msg) == ["v", *table_order(section)]
+    assert data == documented_bytes(section, msg)
+    assert HeliosChoice.decode(decode_map(data)) == choice
+    for kind in ("evaluate", "load", "switch", "stay"):
+        assert f"`{kind}`" in section
+    bare = {k: v for k, v in msg.items() if k not in ("assessment", "threshold")}
+    assert HeliosChoice.decode(bare) == HeliosChoice("chat", 42, "load", "opt-1.3b", 24, None)
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"kind": "guess"}, "kind 'guess'"),
+    ({"depth": 0}, "depth must be >= 1"),
+    ({"threshold": 1.5}, "threshold must be in [0, 1]"),
+    ({"decision": "7"}, "'decision'"),
+])
+def test_malformed_helios_decision_is_refused(change: dict, fragment: str) -> None:
+    msg = client_decode(HeliosChoice("chat", 42, "stay", "opt-1.3b", 24, 3).encode())
+    assert_refused(HeliosChoice.decode, {**msg, **change}, "HELIOS decision", fragment)
+
+
+def test_confidence_breach_fields_round_trip_and_bytes() -> None:
+    alert = BreachAlert("chat", 42, "opt-1.3b", 6, 9, 64)
+    data = alert.encode()
+    msg = client_decode(data)
+    section = readme_section("Confidence breach")
+    assert list(msg) == ["v", *table_order(section)]
+    assert data == documented_bytes(section, msg)
+    assert BreachAlert.decode(decode_map(data)) == alert
+    assert_refused(BreachAlert.decode, {**msg, "breaches": 1.5}, "confidence breach",
+                   "'breaches'")

@@ -29,7 +29,11 @@ class GenerationRecord:
     probability of the emitted tokens summed, each under the distribution it was emitted
     from (greedy: its top probability); ``exits`` counts tokens per layer they left at;
     ``breach_at`` lists the tokens (0-based) that left at a partial depth's head below the
-    confidence threshold, i.e. needed layers that were not loaded."""
+    confidence threshold, i.e. needed layers that were not loaded. ``feedback`` is the
+    token-level feedback of parallel decoding: for each token emitted at an exit head whose
+    position later reached the last layer, ``[exit layer, its confidence, 1 if the full
+    model's token is the same else 0]``, in token order; ``first_deviation`` is the first
+    answer token (0-based) the full model disagreed with, None when none did."""
 
     id: str
     t: float                  # unix seconds the router received it
@@ -45,6 +49,16 @@ class GenerationRecord:
     exits: dict[int, int] = field(default_factory=dict)
     breach_at: list[int] = field(default_factory=list)
     memory_bytes: int = 0     # resident weights plus this stream's KV cache
+    feedback: list[tuple[int, float, int]] = field(default_factory=list)
+    first_deviation: int | None = None
+
+    @property
+    def checked(self) -> int:
+        return len(self.feedback)
+
+    @property
+    def agreed(self) -> int:
+        return sum(int(a) for _, _, a in self.feedback)
 
     def to_map(self) -> dict[str, Any]:
         return {"id": self.id, "t": float(self.t), "candidate": self.candidate,
@@ -55,7 +69,10 @@ class GenerationRecord:
                 "duration_ms": float(self.duration_ms), "logprob": float(self.logprob),
                 "exits": {int(k): int(v) for k, v in self.exits.items()},
                 "breach_at": [int(i) for i in self.breach_at],
-                "memory_bytes": int(self.memory_bytes)}
+                "memory_bytes": int(self.memory_bytes),
+                "feedback": [[int(k), float(c), int(a)] for k, c, a in self.feedback],
+                "first_deviation": (None if self.first_deviation is None
+                                    else int(self.first_deviation))}
 
     @classmethod
     def from_map(cls, rec: Any, i: int) -> GenerationRecord:
@@ -67,13 +84,31 @@ class GenerationRecord:
         breach_at = r.integers("breach_at")
         if any(not 0 <= b < tokens for b in breach_at):
             raise r.error(f"breach_at {breach_at} must index the {tokens} tokens")
+        feedback = [(int(k), c, int(a)) for k, c, a in _triples(r, "feedback")]
+        first = r.integer("first_deviation", None)
+        if first is not None and not 0 <= first < tokens:
+            raise r.error(f"first_deviation {first} must index the {tokens} tokens")
         return cls(id=r.text("id"), t=r.number("t"), candidate=r.text("candidate"),
                    depth=r.integer("depth"), assessment=r.integer("assessment", None),
                    prompt_tokens=r.integer("prompt_tokens"), tokens=tokens,
                    ttft_ms=r.number("ttft_ms"), tpot_ms=r.number("tpot_ms"),
                    duration_ms=r.number("duration_ms"), logprob=r.number("logprob"),
                    exits={k: int(v) for k, v in exits.items()}, breach_at=breach_at,
-                   memory_bytes=r.integer("memory_bytes"))
+                   memory_bytes=r.integer("memory_bytes"), feedback=feedback,
+                   first_deviation=first)
+
+
+def _triples(r: FieldReader, name: str) -> list[list[float]]:
+    """``[layer, confidence, agreed]`` rows (absent: none)."""
+    if r.msg.get(name) is None:
+        return []
+    rows = r.number_rows(name)
+    for row in rows:
+        if len(row) != 3 or row[0] != int(row[0]) or row[0] < 1 or not 0 <= row[1] <= 1 \
+                or row[2] not in (0, 1):
+            raise r.error(f"{name} rows must be [layer >= 1, confidence in [0, 1], 0 or 1], "
+                          f"got {row}")
+    return rows
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,10 @@ from schemas.errors import ServingError
 from schemas.fields import FieldReader, is_int
 
 # what an exit config may name (services.exits.scores computes the score kinds)
-EXIT_MODES = ("latency", "compute")
+# generation: an LLM's exit heads, a token leaves at a head whose top probability reaches
+# the head's threshold (the tuner's per-layer thresholds, keyed by head layer)
+GENERATION = "generation"
+EXIT_MODES = ("latency", "compute", GENERATION)
 MAX_ID_BYTES = 256  # a request id (UTF-8): every batch and record carries it
 SCORE_KINDS = ("max_softmax", "entropy", "margin")
 

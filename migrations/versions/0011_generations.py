@@ -46,6 +46,9 @@ def upgrade() -> None:
         sa.Column("exits", JSON, nullable=False),
         sa.Column("breaches", sa.Integer(), nullable=False),
         sa.Column("memory_bytes", sa.BigInteger(), nullable=False),
+        sa.Column("checked", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("agreed", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("first_deviation", sa.Integer(), nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_generations"),
     )
     op.create_index("ix_generations_model_received_at", "generations", ["model", "received_at"])

@@ -142,7 +142,8 @@ def generation_row(telemetry: GenerationTelemetry, r: GenerationRecord) -> dict:
             "assessment": r.assessment, "prompt_tokens": r.prompt_tokens, "tokens": r.tokens,
             "ttft_ms": r.ttft_ms, "tpot_ms": r.tpot_ms, "duration_ms": r.duration_ms,
             "logprob": r.logprob, "exits": r.exits, "breaches": len(r.breach_at),
-            "memory_bytes": r.memory_bytes}
+            "memory_bytes": r.memory_bytes, "checked": r.checked, "agreed": r.agreed,
+            "first_deviation": r.first_deviation}
 
 
 async def subscribe(nc: Client):

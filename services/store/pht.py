@@ -33,7 +33,8 @@ DECISION_COLUMNS = ("model", "at", "kind", "candidate", "depth", "assessment", "
 DECISION_KINDS = ("evaluate", "load", "switch", "stay")
 GENERATION_COLUMNS = ("id", "request_id", "model", "worker", "received_at", "candidate",
                       "depth", "assessment", "prompt_tokens", "tokens", "ttft_ms", "tpot_ms",
-                      "duration_ms", "logprob", "exits", "breaches", "memory_bytes")
+                      "duration_ms", "logprob", "exits", "breaches", "memory_bytes", "checked",
+                      "agreed", "first_deviation")
 
 # Which candidate and depth served each request of a model, and why: the decision in force
 # when the request arrived (the newest one at or before it). One query on both back ends.
@@ -80,7 +81,9 @@ def _generation_row(r: Mapping[str, Any]) -> dict[str, Any]:
             "ttft_ms": float(r["ttft_ms"]), "tpot_ms": float(r["tpot_ms"]),
             "duration_ms": float(r["duration_ms"]), "logprob": float(r["logprob"]),
             "exits": {str(int(k)): int(v) for k, v in r["exits"].items()},
-            "breaches": int(r["breaches"]), "memory_bytes": int(r["memory_bytes"])}
+            "breaches": int(r["breaches"]), "memory_bytes": int(r["memory_bytes"]),
+            "checked": int(r.get("checked", 0)), "agreed": int(r.get("agreed", 0)),
+            "first_deviation": _opt(int, r.get("first_deviation"))}
 
 
 class HeliosHistory:

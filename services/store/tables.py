@@ -393,3 +393,7 @@ class Generation(Base):
     exits: Mapped[dict[str, int]] = mapped_column(Json)  # exit layer (string key) -> tokens
     breaches: Mapped[int] = mapped_column(Integer)  # tokens that needed layers not loaded
     memory_bytes: Mapped[int] = mapped_column(BigInteger)  # weights + this stream's KV cache
+    # token-level feedback: early tokens the full model checked, and agreed with
+    checked: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    agreed: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    first_deviation: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -18,7 +18,8 @@ state to ``tuner_state`` after every decision, so a restarted tuner resumes with
 config version and feedback history instead of falling back to defaults. A config stored
 by someone else (``offramp exit-config``) is adopted as the new starting point.
 
-For generative models the tuner runs HELIOS's Confidence Breach Counter (``breach_watch``):
+For generative models the tuner tunes each exit head's threshold on token-level feedback
+(``generation_role``) and runs HELIOS's Confidence Breach Counter (``breach_watch``):
 it follows the optimizer's decisions (``offramp.helios.decision.<model>``), counts the
 breaches in LLM workers' generation telemetry, and publishes one ``BreachAlert`` on
 ``offramp.helios.breach.<model>`` when the counter trips, asking the optimizer to load more
@@ -53,6 +54,7 @@ from services.store.repository import Store
 from services.tuner import climb_native
 from services.tuner.breach_watch import BreachWatch
 from services.tuner.controller import ExitController, TunerDecision, mode_controller
+from services.tuner.generation_role import GenerationTuning
 from services.tuner.ramp_learner import LearnerConfig, RampLearner, soft_temperature
 
 STATE_EVERY_S = 5.0  # also save the controller state this often while feedback arrives
@@ -130,6 +132,7 @@ class Tuner:
         self.decision_seconds = metrics.Children(metrics.TUNER_DECISION_SECONDS)
         # HELIOS: one breach counter per generative model, from its first decision on
         self.watches: dict[str, BreachWatch] = {}
+        self.generation = GenerationTuning(nc, cfg, store, log)  # per-head thresholds
 
     def load(self, name: str) -> ModelTuner:
         """Resume from the store: the saved controller if it matches the config in force,
@@ -363,6 +366,8 @@ class Tuner:
         except Exception as exc:  # noqa: BLE001
             self.log.warning("bad exit config: %r", exc)
             return
+        if self.generation.adopt(config):
+            return
         tuner = self.models.get(config.model)
         if tuner is None or config.version <= tuner.deployed:
             return
@@ -397,12 +402,17 @@ class Tuner:
                 candidate=choice.candidate, depth=choice.depth, armed=watch.armed))
 
     async def on_generation(self, msg: Msg) -> None:
-        """Count the breaches of the streams an LLM worker ended; alert when it trips."""
+        """Tune the heads' thresholds on the streams' token-level feedback; count their
+        breaches and alert when the counter trips."""
         try:
             telemetry = GenerationTelemetry.decode(decode_map(msg.data))
         except Exception as exc:  # noqa: BLE001 - a bad message must not stop the tuner
             self.log.error("bad generation telemetry on %s: %r", msg.subject, exc)
             return
+        try:
+            await self.generation.observe(telemetry)
+        except Exception:  # store hiccup: the next streams bring more feedback
+            self.log.exception("generation threshold tuning failed")
         watch = self.watches.get(telemetry.model)
         if watch is None:  # no decision known yet: nothing to count against
             return

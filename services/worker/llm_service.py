@@ -30,13 +30,20 @@ from schemas.errors import ServingError
 from schemas.generation import LlmWork, decode_generate_request
 from schemas.heartbeat import Heartbeat
 from schemas.helios import GenerationRecord, GenerationTelemetry, HeliosChoice
-from schemas.messages import Results, decode_map, encode_error, request_id_of
+from schemas.messages import (
+    GENERATION,
+    ExitConfig,
+    Results,
+    decode_map,
+    encode_error,
+    request_id_of,
+)
 from schemas.telemetry import OK, RequestRecord, RequestTelemetry
 from services.common import bus, logs
 from services.common.config import Config
 from services.common.hotpath import publish_all, subscribe_direct
 from services.common.service_loop import supervise
-from services.runtime.llm_decoder import LlmDecoder, Sequence
+from services.runtime.llm_decoder import LlmDecoder, Sequence, StepResult
 from services.runtime.llm_layers import LayerLoader, Move
 from services.runtime.llm_model import LoadedLlm, load
 from services.worker.llm_streams import GenStream, prompt_problem
@@ -90,8 +97,11 @@ class LlmWorker:
         self.nc, self.cfg, self.name, self.llm, self.log = nc, cfg, name, llm, log
         self.id = f"{name}-llm-{uuid.uuid4().hex[:6]}"
         self.decoder = LlmDecoder(llm.model, llm.heads, loaded_depth(cfg.llm_depth, llm))
-        self.thresholds = {k: cfg.llm_threshold for k in heads_in_use(cfg.llm_heads, llm)
-                           if k < self.decoder.depth}
+        self.tuned: dict[int, float] = {}  # per head: the tuner's generation exit config
+        self.config_version = 0
+        self.threshold = cfg.llm_threshold  # what a token needs at the loaded depth's head
+        self.heads = heads_in_use(cfg.llm_heads, llm)
+        self.thresholds = self._thresholds()
         self.slots = slots_for(llm, cfg.kv_budget_mb, cfg.llm_slot_tokens, self.decoder.depth)
         self.slot_tokens = min(cfg.llm_slot_tokens, llm.context)
         self.eos = llm.eos
@@ -104,7 +114,6 @@ class LlmWorker:
         self.next_choice: HeliosChoice | None = None  # received, applied between rounds
         self.loader: LayerLoader | None = None
         self.loading: tuple[HeliosChoice, asyncio.Future] | None = None  # layers being read
-        self.threshold = cfg.llm_threshold  # what a token needs at the loaded depth's head
 
     @property
     def open_ids(self) -> tuple[str, ...]:
@@ -208,22 +217,25 @@ class LlmWorker:
                 continue
             self._publish_round(out)
 
-    def _round(self, new: list[Sequence],
-               running: list[Sequence]) -> list[tuple[str, int, int, float]]:
+    def _round(self, new: list[Sequence], running: list[Sequence]) -> list[StepResult]:
         """In a thread: first tokens of ``new``, the next token of ``running``."""
         results = self.decoder.prefill(new) if new else []
         if running:
             results += self.decoder.step(running, self.thresholds)
         self.rounds += 1
-        return [(r.request_id, r.token, r.exit_layer, r.confidence) for r in results]
+        return results
 
-    def _publish_round(self, out: list[tuple[str, int, int, float]]) -> None:
+    def _publish_round(self, out: list[StepResult]) -> None:
         now = time.monotonic()
         messages: list[tuple[str, bytes]] = []
         ended: list[tuple[GenStream, Sequence]] = []
         n_layers = self.decoder.n_layers
-        for rid, token, layers, confidence in out:
+        for r in out:
+            rid, token, layers, confidence = r.request_id, r.token, r.exit_layer, r.confidence
             stream, seq = self.active[rid]
+            for f in r.feedback:  # early tokens whose positions reached the last layer
+                stream.check(f.position - len(stream.prompt), f.exit_layer,
+                             f.emitted_token == f.full_token)
             # a token that reached a partial depth's head unsure needed layers not loaded
             breach = layers == self.decoder.depth < n_layers and confidence < self.threshold
             messages.append((stream.reply, stream.add(token, layers, now,
@@ -239,6 +251,29 @@ class LlmWorker:
                       stream.done(now, self.name, stream.depth),
                       self._row(stream.id, stream.received, OK, stream.depth),
                       stream.record(now, self.name, memory))
+
+    # ------------------------------------------------------------------ thresholds
+
+    def _thresholds(self) -> dict[int, float]:
+        """The heads scored below the loaded depth, each at its tuned threshold (else the
+        configured one)."""
+        return {k: self.tuned.get(k, self.threshold) for k in self.heads
+                if k < self.decoder.depth}
+
+    def on_config(self, msg: Msg) -> None:
+        """The tuner's per-head thresholds (an exit config in ``generation`` mode), from the
+        next round on; older versions and other modes are ignored."""
+        try:
+            config = ExitConfig.decode(decode_map(msg.data))
+        except ServingError as exc:
+            self.log.error("ignoring malformed exit config: %s", exc.message)
+            return
+        if config.mode != GENERATION or config.version <= self.config_version:
+            return
+        self.config_version, self.tuned = config.version, dict(config.thresholds)
+        self.thresholds = self._thresholds()
+        self.log.info("exit config %s", logs.kv(version=config.version, thresholds=",".join(
+            f"{k}:{t:.3f}" for k, t in sorted(self.thresholds.items())) or "none"))
 
     # ------------------------------------------------------------------ HELIOS
 
@@ -301,9 +336,9 @@ class LlmWorker:
         if choice.threshold is not None:
             self.threshold = choice.threshold
         # an evaluation measures the exit distribution: every head is scored
-        heads = self.llm.heads.layers if choice.kind == "evaluate" \
+        self.heads = list(self.llm.heads.layers) if choice.kind == "evaluate" \
             else heads_in_use(self.cfg.llm_heads, self.llm)
-        self.thresholds = {k: self.threshold for k in heads if k < choice.depth}
+        self.thresholds = self._thresholds()
         self.slots = slots_for(self.llm, self.cfg.kv_budget_mb, self.cfg.llm_slot_tokens,
                                choice.depth)
         moved = {} if move is None else {"loaded_mb": move.loaded_bytes / 2**20,
@@ -349,6 +384,7 @@ async def serve_llm(cfg: Config, stop: asyncio.Event, model: str) -> None:
                                             ms=round(move.ms, 1)))
     await subscribe_direct(nc, subjects.llm_work(worker.id), worker.on_work)
     await subscribe_direct(nc, subjects.helios_decision(model), worker.on_choice)
+    await subscribe_direct(nc, subjects.exit_config(model), worker.on_config)
     tasks: set[asyncio.Task] = set()
     supervise("heartbeat", lambda: worker.heartbeat_loop(stop), tasks, log)
     runner = supervise("decode", lambda: worker.run(stop), tasks, log)

@@ -43,6 +43,9 @@ class GenStream:
     last_at: float | None = None
     logprob: float = 0.0             # sum of ln p of the tokens kept
     breach_at: list[int] = field(default_factory=list)
+    confidences: list[float] = field(default_factory=list)  # per token kept
+    feedback: list[tuple[int, float, int]] = field(default_factory=list)
+    first_deviation: int | None = None
     seq: int = 0
     finish: str = ""
 
@@ -67,6 +70,7 @@ class GenStream:
                 self.breach_at.append(len(self.tokens))
             self.tokens.append(token)
             self.exits.append(layers)
+            self.confidences.append(confidence)
             self.logprob += math.log(max(confidence, 1e-30))
             chunk_tokens, chunk_exits = [token], [layers]
             # a token may end inside a multi-byte character (shown as U+FFFD until the next
@@ -92,6 +96,16 @@ class GenStream:
             (now - self.accepted) * 1e3, dict(Counter(self.exits)), candidate, depth).encode()
 
 
+    def check(self, index: int, layer: int, agreed: bool) -> None:
+        """Token-level feedback: the full model's token at answer token ``index`` (emitted at
+        exit ``layer``) is the same (``agreed``) or not. A token past the stream's end (the
+        end-of-sequence token is not kept) is not the stream's."""
+        if not 0 <= index < len(self.tokens):
+            return
+        self.feedback.append((layer, self.confidences[index], int(agreed)))
+        if not agreed and (self.first_deviation is None or index < self.first_deviation):
+            self.first_deviation = index
+
     def record(self, now: float, candidate: str, memory_bytes: int) -> GenerationRecord:
         """Its generation telemetry once it ended with an answer."""
         first = self.first_at if self.first_at is not None else now
@@ -101,7 +115,8 @@ class GenStream:
             self.id, self.received, candidate, self.depth, self.assessment, len(self.prompt),
             n, (first - self.accepted) * 1e3, (last - first) * 1e3 / (n - 1) if n > 1 else 0.0,
             (last - self.accepted) * 1e3, self.logprob, dict(Counter(self.exits)),
-            list(self.breach_at), memory_bytes)
+            list(self.breach_at), memory_bytes, list(self.feedback),
+            self.first_deviation)
 
 
 def prompt_problem(prompt: list[int], max_tokens: int, vocab: int,

@@ -249,3 +249,30 @@ def svc_slots(llm: LoadedLlm) -> int:
     import services.worker.llm_service as svc
 
     return svc.slots_for(llm, 64, 1024)
+
+
+def test_early_tokens_are_checked_against_the_full_model_once_their_positions_get_there(
+        llm, monkeypatch):
+    import services.worker.llm_service as svc
+
+    original = svc.LlmWorker._round
+
+    def alternate(self, new, running):  # exits at head 2 every other round, none between
+        self.thresholds = {2: 0.0} if self.rounds % 2 else {}
+        return original(self, new, running)
+
+    monkeypatch.setattr(svc.LlmWorker, "_round", alternate)
+    prompt = "Once upon a time"
+    writes = _serve(llm, [GenerateRequest("f", "tiny-llm", 9, prompt=prompt)], threshold=0.0)
+    rec = _generation(_end(writes, "f"))
+    tokens = [t for c in _stream(writes, "f")[:-1] for t in c["tokens"]]
+    early = [i for i, e in enumerate(c for c in _stream(writes, "f")[:-1]) if e["exits"] == [2]]
+    assert early and rec.checked == len([i for i in early if i + 1 < len(tokens)])
+    ids = llm.tokenizer.encode(prompt)
+    with torch.no_grad():  # the full model's token at each position of the served text
+        full = llm.model(torch.tensor([ids + tokens])).logits[0, len(ids) - 1:-1].argmax(-1)
+    want = [(2, int(full[i] == tokens[i])) for i in early if i + 1 < len(tokens)]
+    assert [(k, a) for k, _, a in rec.feedback] == want
+    assert all(0 <= c <= 1 for _, c, _ in rec.feedback)
+    misses = [i for i in early if i + 1 < len(tokens) and full[i] != tokens[i]]
+    assert rec.first_deviation == (misses[0] if misses else None)

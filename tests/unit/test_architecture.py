@@ -60,6 +60,7 @@ POLICY_MODULES = {
     "services.tuner.breach_counter",
     "services.tuner.breach_watch",
     "services.tuner.controller",
+    "services.tuner.generation_thresholds",
     "services.tuner.evidence_adjust",
     "services.tuner.ramp_adjust",
     "services.tuner.ramp_learner",

@@ -12,14 +12,13 @@ JSON marked as a replay simulation, and a plot of modeled throughput and the cho
 candidate and depth over the requests. Every time in it is modeled from the traces' timing
 profiles (see the simulator's docstring), not measured.
 
-Without ``--sim`` (the live mode, serving the stream on the stack) it stops with an error:
-the live half is not built yet.
+Without ``--sim`` the same stream is served live, each policy on its own private stack
+(``services.bench.helios_live``).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -67,9 +66,9 @@ def names(spec: str | None) -> list[str]:
 
 def run_helios(args) -> int:
     if not getattr(args, "sim", False):
-        print("error: `offramp bench helios` live mode is not built yet: run it with --sim "
-              "(a replay simulation from recorded traces)", file=sys.stderr)
-        return 2
+        from services.bench.helios_live import run_live
+
+        return run_live(args)
     from services.common import config as config_mod
 
     cfg = config_mod.load()
@@ -169,7 +168,7 @@ def ensure_traces(models: list[str], folder: Path, cfg, args) -> dict[str, Candi
     return out
 
 
-def _prepared(cfg, name: str) -> Path:
+def prepared_dir(cfg, name: str) -> Path:
     path = cfg.models_dir / name
     if not (path / "manifest.json").is_file():
         raise SystemExit(f"error: {name} is not prepared in {cfg.models_dir}: run `offramp "
@@ -184,9 +183,9 @@ def record_traces(models: list[str], folder: Path, cfg, args) -> dict[str, Candi
     from services.runtime.llm_model import load
     from services.zoo import llm_corpus
 
-    dirs = {name: _prepared(cfg, name) for name in models}
+    dirs = {name: prepared_dir(cfg, name) for name in models}
     judge_name = getattr(args, "judge", None)
-    judge = load(_prepared(cfg, judge_name), cfg.ort_threads) if judge_name else None
+    judge = load(prepared_dir(cfg, judge_name), cfg.ort_threads) if judge_name else None
     say("loading the held-out prose and code for the trace prompts")
     corpus = llm_corpus.load_corpus(0, 0.2, cfg.home / "data")
     prompts = trace_prompts({k: corpus.held[k] for k in corpus.kinds}, per_kind(args),

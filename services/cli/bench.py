@@ -15,10 +15,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--trivial-model", default="tiny")
     bench.add_argument("--requests", type=int,
                        help="overhead: requests per light-load run (default 300); apparate "
-                       "--live: samples of the stream per policy (default 2000); e3: see below")
+                       "--live: samples of the stream per policy (default 2000); e3, helios: below")
     bench.add_argument("--duration", type=float, default=8.0, help="seconds of sustained load")
-    bench.add_argument("--concurrency", type=int, default=64,
-                       help="requests in flight during the sustained phase")
+    bench.add_argument("--concurrency", type=int,
+                       help="overhead: requests in flight (default 64); helios: clients")
     # apparate: the replay bench (--trace) or the live one (--live)
     bench.add_argument("--trace", help="apparate: replay trace (.npz) from `offramp trace record`")
     bench.add_argument("--plot", help="apparate, superserve: plot (.svg; apparate: .png too)")
@@ -71,12 +71,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def decode_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--threshold", type=float, default=0.9,
-                       help="decode: an exit head answers at this top probability")
+                       help="decode, helios: an exit head answers at this top probability")
     bench.add_argument("--batch", type=int, default=4, help="decode: streams decoded together")
-    bench.add_argument("--max-tokens", type=int, default=64, help="decode: tokens per stream")
-    bench.add_argument("--prompt-tokens", type=int, default=32, help="decode: prompt length")
+    bench.add_argument("--max-tokens", type=int, default=64,
+                       help="decode, helios: tokens per stream")
+    bench.add_argument("--prompt-tokens", type=int, default=32,
+                       help="decode, helios: prompt length")
     bench.add_argument("--heads", help="decode: the exit heads evaluated (layers, e.g. 24,27; "
-                       "default all): each costs a vocabulary projection")
+                       "default all): each costs a vocabulary projection; helios live: the "
+                       "heads the alone and helios stacks use (OFFRAMP_LLM_HEADS, default all)")
     bench.add_argument("--rounds", type=int, default=4,
                        help="decode: batches, each decoded exit-free and with exits")
     bench.add_argument("--depth", type=int, default=0,
@@ -89,26 +92,42 @@ def decode_arguments(bench: argparse.ArgumentParser) -> None:
 
 
 def helios_arguments(bench: argparse.ArgumentParser) -> None:
-    """``offramp bench helios --sim``: HELIOS replayed on recorded exit traces
-    (services/bench/helios.py). It also reads --sim (required: the live mode is not built
-    yet), --threshold, --max-tokens (answer tokens), --prompt-tokens, --heads, --requests
-    (default 600), --seed (the stream's draws) and --plot (default: the JSON's name, .svg)."""
+    """``offramp bench helios``: with --sim HELIOS replayed on recorded exit traces
+    (services/bench/helios.py), without it served live, each policy on a private stack
+    (services/bench/helios_live.py). It also reads --threshold, --max-tokens (answer
+    tokens), --prompt-tokens, --heads, --requests (--sim 600, live 120), --seed (the
+    stream's draws), --plot (default: the JSON's name, .svg) and, live, --concurrency
+    (clients, default 4) and --policies (alone, alone-noexit, helios or full names such as
+    alone:smollm2-135m; default all)."""
     bench.add_argument("--models", metavar="A,B",
                        help="helios: the candidates, prepared generative models (default "
-                       "smollm2-135m); their traces are recorded first when missing")
+                       "smollm2-135m); --sim records their traces first when missing; the "
+                       "stream holds --requests requests (--sim default 600, live 120)")
     bench.add_argument("--traces", metavar="DIR",
                        help="helios: trace folder (default $OFFRAMP_HOME/traces/helios)")
     bench.add_argument("--judge", metavar="MODEL",
                        help="helios: a prepared model of the same tokenizer whose log-probs "
-                       "score every candidate's tokens (default: each candidate itself)")
+                       "score every candidate's tokens (--sim default: each candidate itself; "
+                       "live default: the first candidate)")
     bench.add_argument("--budget-mb", type=float, metavar="M",
                        help="helios: memory for weights and KV cache (default: the largest "
                        "candidate's weights + OFFRAMP_KV_BUDGET_MB)")
     bench.add_argument("--drift-every", type=int, metavar="K",
                        help="helios: requests between changes of the stream's text kind "
-                       "(default 100)")
+                       "(--sim default 100, live: a quarter of --requests)")
     bench.add_argument("--ri", type=int, metavar="N",
-                       help="helios: re-assessment interval, requests (default 150)")
+                       help="helios: re-assessment interval, requests (--sim default 150; "
+                       "live default 40, three assessments in the default stream)")
+    bench.add_argument("--eval-prompts", type=int, metavar="N",
+                       help="helios live: requests each candidate serves fully loaded at the "
+                       "start of an assessment (default 5)")
+    bench.add_argument("--think-ms", type=float, metavar="MS",
+                       help="helios live: --concurrency clients (default 4) send closed-loop; "
+                       "this is a client's pause between the end of its stream and its next "
+                       "request (default 0)")
+    bench.add_argument("--no-judge", action="store_true",
+                       help="helios live: skip judging the answers (perplexity and agreement "
+                       "by the judge, fully loaded, after the stacks stop)")
     bench.add_argument("--trace-prompts", type=int, metavar="N",
                        help="helios: held-out prompts of each text kind a recorded trace "
                        "holds (default 8); the stream draws from them")
@@ -130,14 +149,16 @@ def superserve_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--policies", metavar="P,...",
                        help="superserve live: the policies to run (slackfit, maxacc, maxbatch, "
                        "infaas, clipper+, variant=KEY for Clipper+ on any frontier subnet; "
-                       "default all)")
+                       "default all); helios live: alone, alone-noexit, helios or full names "
+                       "(alone:MODEL; default all)")
 
 
 def e3_arguments(bench: argparse.ArgumentParser) -> None:
     """``offramp bench e3``: vanilla vs naive early exit vs E3 (services/bench/e3.py)."""
     bench.add_argument("--sim", action="store_true",
                        help="e3: simulate at --devices (without it: live on this machine, "
-                       "--workers worker processes per policy, default 2)")
+                       "--workers worker processes per policy, default 2); helios: replay "
+                       "recorded traces (without it: live, a private stack per policy)")
     bench.add_argument("--accuracy", action="store_true",
                        help="e3: replay compute mode's accuracy loop (the tuner on the shadow "
                        "sample) over seeds, mixes and shadow rates")
@@ -195,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
     if args.which == "overhead":
         from services.bench.overhead import run_overhead
         args.requests = 300 if args.requests is None else args.requests
+        args.concurrency = 64 if args.concurrency is None else args.concurrency
         return run_overhead(args)
     if args.which == "apparate":
         from services.bench.apparate import run

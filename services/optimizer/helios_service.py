@@ -38,7 +38,7 @@ from services.optimizer.helios_control import Served, Settings, Step, next_step,
 from services.store.repository import Store
 
 TICK_S = 0.5
-REBROADCAST_S = 3.0
+REBROADCAST_S = 1.0  # a worker that starts late serves the decision within this
 # Weights a candidate reads back per byte (ms): a layer of SmolLM2 (13.5 MB) is read back
 # in 0.78 ms from the page cache (docs/benchmarks.md, HELIOS replay).
 LOAD_MS_PER_BYTE = 0.78 / 13.5e6

@@ -123,7 +123,7 @@ def test_bench_helios_sim_end_to_end(home: Path, tmp_path: Path,
     assert "bench helios --sim --models nope" in capsys.readouterr().out
 
 
-def test_without_sim_the_live_mode_is_refused(tmp_path: Path, capsys):
-    assert main(["bench", "helios", "--json", str(tmp_path / "x.json")]) == 2
-    assert "live mode is not built yet" in capsys.readouterr().err
+def test_the_live_mode_refuses_a_candidate_that_is_not_prepared(tmp_path: Path):
+    with pytest.raises(SystemExit, match="nope is not prepared"):
+        main(["bench", "helios", "--json", str(tmp_path / "x.json"), "--models", "nope"])
     assert not (tmp_path / "x.json").exists()

@@ -1,0 +1,59 @@
+"""`offramp bench helios` live on `tiny-llm`: the candidate alone (fully loaded, exit heads)
+and HELIOS each get a private stack and serve the same drifting stream; the JSON holds both
+policies' figures, HELIOS's decisions (an evaluation, then the greedy depth) and the
+judge's perplexity. Threshold 0: after the evaluation every token leaves at the first head
+(layer 2), so HELIOS loads 2 layers; clients pause between requests so that the switch
+(monitor, profiler and HELIOS polls: about 2 s) lands inside the stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from services.prepare.llm_models import prepare_tiny
+from tests.e2e.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+MODEL = "tiny-llm"
+REQUESTS = 12
+
+
+def test_live_bench_serves_the_candidate_alone_and_helios(tmp_path):
+    models = tmp_path / "models"
+    prepare_tiny(models, log=lambda _: None)
+    out = tmp_path / "live.json"
+    env = {**os.environ, "OFFRAMP_HOME": str(tmp_path / "home"),
+           "OFFRAMP_MODELS_DIR": str(models)}
+    for name in ("OFFRAMP_NATS_URL", "OFFRAMP_DATABASE_URL", "OFFRAMP_LLM_DEPTH"):
+        env.pop(name, None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", "bench", "helios", "--json", str(out),
+         "--models", MODEL, "--policies", "alone,helios", "--requests", str(REQUESTS),
+         "--max-tokens", "6", "--prompt-tokens", "8", "--threshold", "0", "--ri", "100",
+         "--eval-prompts", "2", "--concurrency", "1", "--think-ms", "600"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "live" and doc["requests"] == REQUESTS
+    assert set(doc["stream_kinds"]) == {"prose", "code"}
+    pols = doc["policies"]
+    assert list(pols) == [f"alone:{MODEL}", "helios"]
+    for name, p in pols.items():
+        assert (p["ok"], p["failed"], p["errors"]) == (REQUESTS, 0, []), (name, p["errors"])
+        assert p["tokens"] > 0 and p["tokens_per_s"] > 0 and len(p["rows"]) == REQUESTS
+        assert p["perplexity"] > 1 and 0 <= p["token_agreement"] <= 1
+        assert p["memory_bytes_median"] > 0 and p["largest_batch"] == 1
+    alone = pols[f"alone:{MODEL}"]
+    assert not alone["adapt"] and "decisions" not in alone and alone["depths"] == {"6": REQUESTS}
+    helios = pols["helios"]
+    kinds = [(d["kind"], d["depth"], d["assessment"]) for d in helios["decisions"]]
+    assert kinds[0] == ("evaluate", 6, 1), kinds
+    later = [d for d in helios["decisions"][1:] if d["depth"] == 2]
+    assert later and later[0]["kind"] in ("switch", "load") and later[0]["worker_followed"], kinds
+    assert helios["depths"].get("6", 0) >= 2 and helios["depths"].get("2", 0) > 0, helios["depths"]
+    assert helios["slots_by_depth"]["2"] > helios["slots_by_depth"]["6"]
+    assert out.with_suffix(".svg").is_file()

@@ -281,7 +281,7 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
     policy served at, and the stream's text kind (matplotlib when installed, else SVG)."""
     import numpy as np
 
-    from services.bench.plot import svg_panels
+    from services.bench.plot import save_panels
 
     x = np.arange(len(doc["stream_kinds"]), dtype=float)
     tps = [(n, x, np.array([s["tokens_per_s"] for s in p["timeline"]]))
@@ -299,28 +299,4 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
               *depth_panels, (f"stream kind ({', '.join(f'{i}={k}' for i, k in enumerate(order))})",
                               kind, float(max(1, len(order) - 1)))]
     title = f"HELIOS replay ({doc['mode']}), threshold {doc['threshold']}"
-    try:
-        import matplotlib  # noqa: F401  (optional: not a dependency)
-    except ImportError:
-        if path.suffix.lower() != ".svg":
-            raise SystemExit(f"error: {path.suffix} plots need matplotlib (not installed): "
-                             "use .svg") from None
-        path.write_text(svg_panels(title, panels, "request", float(max(1, x.size))))
-        return path
-    return _matplotlib(title, panels, path)
-
-
-def _matplotlib(title: str, panels: list, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.2 * len(panels)), sharex=True)
-    for ax, (name, series, _) in zip(axes, panels, strict=True):
-        for label, xs, ys in series:
-            ax.plot(xs, ys, lw=1, label=label, drawstyle="steps-post")
-        ax.set_ylabel(name, fontsize=7)
-        ax.legend(fontsize=7)
-    axes[-1].set_xlabel("request")
-    fig.suptitle(title)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_panels(title, panels, "request", float(max(1, x.size)), path)

@@ -571,7 +571,7 @@ def table(doc: dict[str, Any]) -> str:
 def plot(doc: dict[str, Any], path: Path) -> Path:
     """Tokens/s over time per policy, and the depth each request was served at by when it
     was sent (HELIOS's depth over time); matplotlib when installed, else SVG."""
-    from services.bench.plot import svg_panels
+    from services.bench.plot import save_panels
 
     pols = doc["policies"]
     tps = [(n, np.array(p["timeline"]["t_s"]), np.array(p["timeline"]["tokens_per_s"]))
@@ -586,28 +586,4 @@ def plot(doc: dict[str, Any], path: Path) -> Path:
               ("depth served, by request sent", depth, deepest)]
     x_max = max([p["wall_s"] for p in pols.values()] + [1.0])
     title = f"HELIOS live ({doc['mode']}), threshold {doc['threshold']}"
-    try:
-        import matplotlib  # noqa: F401  (optional: not a dependency)
-    except ImportError:
-        if path.suffix.lower() != ".svg":
-            raise SystemExit(f"error: {path.suffix} plots need matplotlib (not installed): "
-                             "use .svg") from None
-        path.write_text(svg_panels(title, panels, "s", x_max))
-        return path
-    return _matplotlib(title, panels, path)
-
-
-def _matplotlib(title: str, panels: list, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.6 * len(panels)), sharex=True)
-    for ax, (name, series, _) in zip(axes, panels, strict=True):
-        for label, xs, ys in series:
-            ax.plot(xs, ys, lw=1, label=label, drawstyle="steps-post")
-        ax.set_ylabel(name, fontsize=7)
-        ax.legend(fontsize=7)
-    axes[-1].set_xlabel("seconds since the first request")
-    fig.suptitle(title)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_panels(title, panels, "s", x_max, path)

@@ -115,3 +115,29 @@ def _svg(roll: dict[str, np.ndarray], th: np.ndarray, active: np.ndarray,
         ("offramp active ramps", [("active", np.arange(active.size, dtype=float),
                                    active.astype(float))],
          float(max(active.max(), 1)) if active.size else 1.0)], "sample", float(n))
+
+
+def save_panels(title: str, panels: list[tuple[str, Series, float | tuple[float, float]]],
+                x_label: str, x_max: float, path: Path) -> Path:
+    """``panels`` (as :func:`svg_panels` takes them) saved to ``path``: with matplotlib when
+    it is installed (any format it writes), else as SVG."""
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        if path.suffix.lower() != ".svg":
+            raise SystemExit(f"error: {path.suffix} plots need matplotlib (not installed): "
+                             "use .svg") from None
+        path.write_text(svg_panels(title, panels, x_label, x_max))
+        return path
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.4 * len(panels)), sharex=True,
+                             squeeze=False)
+    for ax, (name, series, _) in zip(axes[:, 0], panels, strict=True):
+        for label, xs, ys in series:
+            ax.plot(xs, ys, lw=1, label=label, drawstyle="steps-post")
+        ax.set_ylabel(name, fontsize=7)
+        ax.legend(fontsize=7)
+    axes[-1, 0].set_xlabel(x_label)
+    fig.suptitle(title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

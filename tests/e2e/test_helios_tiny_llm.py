@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +65,14 @@ def test_helios_evaluates_then_loads_the_greedy_depth_and_reassesses(stack):
         [(MODEL, 2, "switch", 1)] and "assessment by throughput" in rows[0]["reason"]
     assert stack.sql("SELECT variant FROM requests WHERE request_id = ?", later["id"]) == \
         [(f"{MODEL}@2",)]
+    readme = [r for r in stack.sql(readme_query().replace("smollm2-135m", MODEL))
+              if r[0] == later["id"]]  # the README's own query answers the same
+    assert [r[1:6] for r in readme] == [("ok", f"{MODEL}@2", MODEL, 2, "switch")]
+
+
+def readme_query() -> str:
+    """The README's "which model and depth served ..." query, as printed there."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = text.index("-- which model and depth served")
+    body = text[text.index("\n", start) + 1:]
+    return body[:body.index(";") + 1]

@@ -223,7 +223,8 @@ def test_every_served_offramp_service_is_scraped(services):
             static |= set(sc["targets"])
         dns += job.get("dns_sd_configs", [])
     kinds = served(services)
-    assert set(kinds.values()) == {"router", "monitor", "profiler", "tuner", "optimizer", "worker"}
+    assert set(kinds.values()) == {"router", "monitor", "profiler", "tuner", "optimizer", "helios",
+                                  "worker"}
     scaled = {name for name, kind in kinds.items() if kind == "worker"}
     # one container each: by name; workers (--scale) by every address Docker's DNS returns
     assert static == {f"{name}:{port}" for name in kinds if name not in scaled}

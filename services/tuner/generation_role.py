@@ -71,6 +71,21 @@ class GenerationTuning:
         await self.nc.publish(subjects.exit_config(model), config.encode())
         self.sent[model] = time.monotonic()
 
+    def resume(self, model: str) -> None:
+        """Start ``model``'s loop from its stored config (in a thread: it reads the store)."""
+        self._loop(model)
+
+    async def keep_broadcasting(self, stop: asyncio.Event) -> None:
+        """The configs in force, again every ``REBROADCAST_S``: a worker that starts while no
+        stream ends still gets them."""
+        while not stop.is_set():
+            for model in list(self.deployed):
+                await self.rebroadcast(model)
+            try:
+                await asyncio.wait_for(stop.wait(), REBROADCAST_S)
+            except TimeoutError:
+                pass
+
     def adopt(self, config: ExitConfig) -> bool:
         """A generation config stored by someone else (e.g. pinned by hand): the new
         starting point. False when it is not one of ours to follow."""

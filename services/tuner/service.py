@@ -449,8 +449,9 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     nc = await bus.connect_as(cfg, "tuner", "offramp-tuner")
     tuner = Tuner(nc, cfg, store, log)
     for name in cfg.models:
-        if manifest_kind(cfg.models_dir / name) == "llm":
-            continue  # a generative model's tuning is HELIOS's breach counter (watches)
+        if manifest_kind(cfg.models_dir / name) == "llm":  # heads' thresholds, breaches
+            await asyncio.to_thread(tuner.generation.resume, name)
+            continue
         tuner.models[name] = await asyncio.to_thread(tuner.load, name)
     await nc.subscribe(subjects.telemetry_samples("*"), cb=tuner.on_samples)
     await nc.subscribe(subjects.exit_config("*"), cb=tuner.on_config)
@@ -463,7 +464,9 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     if climb_native.failure():
         log.warning("%s: the tuner climbs in Python (same decisions, slower)",
                     climb_native.failure())
+    repeats = asyncio.ensure_future(tuner.generation.keep_broadcasting(stop))
     await stop.wait()
+    await repeats
     for t in tuner.models.values():
         await tuner._save_state(t)
     await bus.close(nc)

@@ -229,7 +229,8 @@ class LlmWorker:
         now = time.monotonic()
         messages: list[tuple[str, bytes]] = []
         ended: list[tuple[GenStream, Sequence]] = []
-        n_layers = self.decoder.n_layers
+        n_layers, depth = self.decoder.n_layers, self.decoder.depth
+        need = self.tuned.get(depth, self.threshold)  # the loaded depth's head, as tuned
         for r in out:
             rid, token, layers, confidence = r.request_id, r.token, r.exit_layer, r.confidence
             stream, seq = self.active[rid]
@@ -237,7 +238,7 @@ class LlmWorker:
                 stream.check(f.position - len(stream.prompt), f.exit_layer,
                              f.emitted_token == f.full_token)
             # a token that reached a partial depth's head unsure needed layers not loaded
-            breach = layers == self.decoder.depth < n_layers and confidence < self.threshold
+            breach = layers == depth < n_layers and confidence < need
             messages.append((stream.reply, stream.add(token, layers, now,
                                                       self.llm.tokenizer.decode, self.eos,
                                                       confidence, breach)))

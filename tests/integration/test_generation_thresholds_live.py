@@ -49,8 +49,19 @@ def test_feedback_below_target_raises_a_head_and_the_config_reaches_workers(url:
         config = ExitConfig.decode(decode_map(data))
         assert (config.version, config.thresholds) == (latest.version, {27: 0.93})
         again = GenerationTuning(FakeBus(), cfg, store, logging.getLogger("t"))
-        asyncio.run(again.observe(_telemetry([(27, 0.99, 1)])))  # restarted: resent
-        assert again.deployed["chat"].thresholds == {27: 0.93} and again.nc.sent
+        again.resume("chat")  # restarted: the stored config, broadcast with no stream ending
+        assert again.deployed["chat"].thresholds == {27: 0.93}
+
+        async def one_round() -> None:
+            stop = asyncio.Event()
+            task = asyncio.ensure_future(again.keep_broadcasting(stop))
+            await asyncio.sleep(0.05)
+            stop.set()
+            await task
+
+        asyncio.run(one_round())
+        (subject, data), = again.nc.sent
+        assert ExitConfig.decode(decode_map(data)).thresholds == {27: 0.93}
     _worker_adopts(config)
 
 

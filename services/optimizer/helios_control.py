@@ -4,7 +4,7 @@ served generative model -- Algorithm 1 of 004 driven by served requests instead 
 
 - No decision yet: assessment 1 starts with an evaluation.
 - Evaluation (``evaluate``): each top-k candidate in turn serves ``eval_prompts`` requests
-  fully loaded, with every exit head scored (the exit distribution is what it measures);
+  fully loaded, with the heads its workers score (the exit distribution is over them);
   their answers are returned to clients (App. E). When the last one has served its share
   and the profiler's PHT rows cover every evaluated request, ``choose_after_assessment``
   picks the candidate and greedy depth that serve the rest of the assessment.

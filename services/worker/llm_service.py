@@ -336,9 +336,9 @@ class LlmWorker:
         self.choice = choice
         if choice.threshold is not None:
             self.threshold = choice.threshold
-        # an evaluation measures the exit distribution: every head is scored
-        self.heads = list(self.llm.heads.layers) if choice.kind == "evaluate" \
-            else heads_in_use(self.cfg.llm_heads, self.llm)
+        # the heads scored stay the operator's, evaluation included: each costs a vocabulary
+        # projection per token, and an untuned early head at a low threshold would answer
+        # clients' evaluation requests badly; the exit distribution is over these heads
         self.thresholds = self._thresholds()
         self.slots = slots_for(self.llm, self.cfg.kv_budget_mb, self.cfg.llm_slot_tokens,
                                choice.depth)

@@ -19,10 +19,10 @@ from tests.e2e.conftest import wait_for
 pytestmark = pytest.mark.e2e
 MODEL = "tiny-llm"
 STACK_ARGS = ("--adapt",)
-# threshold 0: every token after the first leaves at the first head (layer 2) in the
-# evaluation, so the greedy depth is 2 and no token breaches there
+# every head scored at threshold 0: each token after the first leaves at the first head
+# (layer 2) in the evaluation, so the greedy depth is 2 and no token breaches there
 STACK_ENV = {"OFFRAMP_HELIOS_RI": "8", "OFFRAMP_HELIOS_EVAL_PROMPTS": "2",
-             "OFFRAMP_LLM_THRESHOLD": "0"}
+             "OFFRAMP_LLM_THRESHOLD": "0", "OFFRAMP_LLM_HEADS": "all"}
 
 
 def _generate(stack, prompt: str) -> dict:

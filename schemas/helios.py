@@ -20,7 +20,7 @@ from typing import Any
 from schemas.codec import SCHEMA_VERSION, pack
 from schemas.fields import FieldReader
 
-DECISION_KINDS = ("evaluate", "load", "switch", "stay")
+DECISION_KINDS = ("evaluate", "load", "unload", "switch", "stay")
 
 
 @dataclass(slots=True)
@@ -135,7 +135,7 @@ class GenerationTelemetry:
 class HeliosChoice:
     """What serves ``model`` from now on: ``candidate`` loaded to ``depth``. ``decision`` is
     the ``helios_decisions`` row id (increasing; a worker ignores older ones); ``kind`` says
-    why (evaluate, load, switch, stay) and ``assessment`` which interval it belongs to."""
+    why (evaluate, load, unload, switch, stay) and ``assessment`` which interval it belongs to."""
 
     model: str
     decision: int

@@ -429,7 +429,7 @@ def choose_after_assessment(candidates: Sequence[Candidate], pht: Sequence[PhtRo
     from the PHT; those that fit and meet the SLO (TPOT, perplexity) ranked by the objective.
     Choice: when none meets the SLO, the best of those that fit serves anyway (the reason
     says so). Relative to ``current`` (candidate, depth): same -> ``stay``, same candidate
-    deeper -> ``load``, otherwise (another candidate, or fewer layers) -> ``switch``."""
+    deeper -> ``load``, shallower -> ``unload``, another candidate -> ``switch``."""
     scored, meets = [], []
     for c in candidates:
         d = likely_depth(c, pht, q)
@@ -446,9 +446,10 @@ def choose_after_assessment(candidates: Sequence[Candidate], pht: Sequence[PhtRo
     _, best, depth, _ = min(meets or scored, key=lambda s: s[0])
     note = "" if meets else "; no candidate meets the SLO, best effort"
     reason = f"assessment by {slo.objective}: " + "; ".join(s[3] for s in scored) + note
-    if current is None or current[0] != best.name or depth < current[1]:
-        kind = "switch"  # another candidate, or the same one with layers unloaded
-        load = weight_bytes(best, depth) if current is None or current[0] != best.name else 0
+    if current is None or current[0] != best.name:
+        kind, load = "switch", weight_bytes(best, depth)
+    elif depth < current[1]:
+        kind, load = "unload", 0  # the same candidate, its layers above depth released
     else:
         kind = "stay" if depth == current[1] else "load"
         load = (depth - current[1]) * best.layer_bytes

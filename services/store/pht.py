@@ -30,7 +30,7 @@ PHT_COLUMNS = ("model", "at", "assessment", "candidate", "loaded_depth", "tokens
                "ttft_ms", "tpot_ms", "perplexity", "exit_distribution", "memory_bytes", "tokens")
 DECISION_COLUMNS = ("model", "at", "kind", "candidate", "depth", "assessment", "reason",
                     "batch", "load_bytes", "load_ms", "cost_ms")
-DECISION_KINDS = ("evaluate", "load", "switch", "stay")
+DECISION_KINDS = ("evaluate", "load", "unload", "switch", "stay")
 GENERATION_COLUMNS = ("id", "request_id", "model", "worker", "received_at", "candidate",
                       "depth", "assessment", "prompt_tokens", "tokens", "ttft_ms", "tpot_ms",
                       "duration_ms", "logprob", "exits", "breaches", "memory_bytes", "checked",

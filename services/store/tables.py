@@ -352,7 +352,7 @@ class HeliosDecision(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     model: Mapped[str] = mapped_column(Name)
     at: Mapped[datetime] = mapped_column(DateTime)
-    kind: Mapped[str] = mapped_column(String(16))  # 'evaluate', 'load', 'switch', 'stay'
+    kind: Mapped[str] = mapped_column(String(16))  # 'evaluate', 'load', 'unload', 'switch', 'stay'
     candidate: Mapped[str] = mapped_column(Name)
     depth: Mapped[int] = mapped_column(Integer)
     assessment: Mapped[int | None] = mapped_column(Integer, nullable=True)

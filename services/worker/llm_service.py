@@ -19,6 +19,7 @@ import socket
 import time
 import uuid
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,9 @@ class LlmWorker:
         self.active: dict[str, tuple[GenStream, Sequence]] = {}
         self.wake = asyncio.Event()
         self.rounds = 0
+        # every round from one thread: torch keeps an intra-op thread team per calling
+        # thread, and rounds hopping between pool threads would wake a second team
+        self.decoding = ThreadPoolExecutor(1, thread_name_prefix="llm-decode")
         self.records_sent = 0  # request-row messages, numbered for the monitor's dedup
         self.choice: HeliosChoice | None = None  # HELIOS's decision being served
         self.next_choice: HeliosChoice | None = None  # received, applied between rounds
@@ -205,7 +209,7 @@ class LlmWorker:
                 s.depth, s.assessment = self.decoder.depth, getattr(self.choice, "assessment",
                                                                     None)
             try:
-                out = await loop.run_in_executor(None, self._round, list(seqs.values()),
+                out = await loop.run_in_executor(self.decoding, self._round, list(seqs.values()),
                                                  [q for _, q in running])
             except Exception as exc:  # the round's streams fail; the worker lives on
                 self.log.error("decoding round failed: %r", exc, exc_info=exc)

@@ -53,7 +53,7 @@ def test_live_bench_serves_the_candidate_alone_and_helios(tmp_path):
     kinds = [(d["kind"], d["depth"], d["assessment"]) for d in helios["decisions"]]
     assert kinds[0] == ("evaluate", 6, 1), kinds
     later = [d for d in helios["decisions"][1:] if d["depth"] == 2]
-    assert later and later[0]["kind"] in ("switch", "load") and later[0]["worker_followed"], kinds
+    assert later and later[0]["kind"] in ("unload", "switch", "load") and later[0]["worker_followed"], kinds
     assert helios["depths"].get("6", 0) >= 2 and helios["depths"].get("2", 0) > 0, helios["depths"]
     assert helios["slots_by_depth"]["2"] > helios["slots_by_depth"]["6"]
     assert out.with_suffix(".svg").is_file()

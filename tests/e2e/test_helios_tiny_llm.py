@@ -45,7 +45,7 @@ def test_helios_evaluates_then_loads_the_greedy_depth_and_reassesses(stack):
         if wait_for(lambda: len(_decisions(stack)) > 1, timeout=5):
             break
     chosen = wait_for(lambda: len(_decisions(stack)) > 1 and _decisions(stack)[1], timeout=30)
-    assert chosen == ("switch", MODEL, 2, 1), (_decisions(stack), stack.warnings())
+    assert chosen == ("unload", MODEL, 2, 1), (_decisions(stack), stack.warnings())
     pht = stack.sql("SELECT assessment, candidate, loaded_depth, tokens FROM pht "
                     "WHERE model = ?", MODEL)
     assert [(a, c, d) for a, c, d, _ in pht] == [(1, MODEL, 6)] and pht[0][3] > 0
@@ -62,12 +62,12 @@ def test_helios_evaluates_then_loads_the_greedy_depth_and_reassesses(stack):
             SERVED_BY_SQL, {"model": MODEL, "since": "2000-01-01", "until": "2100-01-01"})
             if r["request_id"] == later["id"]], timeout=30)
     assert [(r["candidate"], r["depth"], r["kind"], r["assessment"]) for r in rows] == \
-        [(MODEL, 2, "switch", 1)] and "assessment by throughput" in rows[0]["reason"]
+        [(MODEL, 2, "unload", 1)] and "assessment by throughput" in rows[0]["reason"]
     assert stack.sql("SELECT variant FROM requests WHERE request_id = ?", later["id"]) == \
         [(f"{MODEL}@2",)]
     readme = [r for r in stack.sql(readme_query().replace("smollm2-135m", MODEL))
               if r[0] == later["id"]]  # the README's own query answers the same
-    assert [r[1:6] for r in readme] == [("ok", f"{MODEL}@2", MODEL, 2, "switch")]
+    assert [r[1:6] for r in readme] == [("ok", f"{MODEL}@2", MODEL, 2, "unload")]
 
 
 def readme_query() -> str:

@@ -222,7 +222,7 @@ def test_choose_after_assessment_by_objective() -> None:
     d = choose_after_assessment([A, B], pht, Slo())
     assert (d.kind, d.candidate, d.depth, d.load_bytes) == ("switch", "a", 6, 800)
     assert choose_after_assessment([A, B], pht, Slo(), current=("a", 6)).kind == "stay"
-    assert choose_after_assessment([A, B], pht, Slo(), current=("a", 24)).kind == "switch"
+    assert choose_after_assessment([A, B], pht, Slo(), current=("a", 24)).kind == "unload"
     d = choose_after_assessment([A, B], pht, Slo("accuracy"), current=("a", 6))
     assert (d.kind, d.candidate, d.depth) == ("switch", "b", 8)
     d = choose_after_assessment([A, B], pht, Slo(max_perplexity=1.48))

@@ -806,7 +806,7 @@ def test_helios_decision_fields_round_trip_and_bytes() -> None:
     assert list(msg) == ["v", *table_order(section)]
     assert data == documented_bytes(section, msg)
     assert HeliosChoice.decode(decode_map(data)) == choice
-    for kind in ("evaluate", "load", "switch", "stay"):
+    for kind in ("evaluate", "load", "unload", "switch", "stay"):
         assert f"`{kind}`" in section
     bare = {k: v for k, v in msg.items() if k not in ("assessment", "threshold")}
     assert HeliosChoice.decode(bare) == HeliosChoice("chat", 42, "load", "opt-1.3b", 24, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 from schemas import subjects
@@ -55,6 +56,46 @@ async def gather(nc, subject: str, first_s: float = 2.0, rest_s: float = 0.3) ->
     return got
 
 
+def helios_status(cfg: Config) -> dict[str, Any]:
+    """Per generative model with streams or decisions: HELIOS's decision in force, the heads'
+    tuned thresholds, and its streams' totals (token-level feedback included)."""
+    from sqlalchemy.engine import make_url
+
+    from services.store.repository import Store
+
+    out: dict[str, Any] = {}
+    url = make_url(cfg.database_url)
+    if url.get_backend_name() == "sqlite" and not Path(url.database or "").is_file():
+        return out  # no store here: opening one would create an empty file
+    with Store(cfg.database_url) as store:
+        totals = store.generation_totals()
+        for model in sorted(set(totals) | set(cfg.models)):
+            decision = store.latest_helios_decision(model)
+            if decision is None and model not in totals:
+                continue
+            config = store.latest_exit_config(model)
+            out[model] = {"decision": decision, "streams": totals.get(model, {}),
+                          "thresholds": dict(config.thresholds)
+                          if config is not None and config.mode == "generation" else {}}
+    return out
+
+
+def _helios_lines(helios: dict[str, Any]) -> list[str]:
+    lines = []
+    for model, h in helios.items():
+        d, g = h["decision"], h["streams"]
+        serving = "no decision" if d is None else (
+            f"{d['candidate']}@{d['depth']} ({d['kind']}, assessment {d['assessment']}, "
+            f"since {d['at']:%H:%M:%S})")
+        heads = ",".join(f"{k}:{t:.3f}" for k, t in sorted(h["thresholds"].items())) or "-"
+        checked = g.get("checked", 0)
+        agree = f"{g['agreed'] / checked:.1%} of {checked}" if checked else "none checked"
+        lines.append(f"helios {model}: {serving}; head thresholds {heads}; "
+                     f"{g.get('streams', 0)} streams, {g.get('tokens', 0)} tokens, early "
+                     f"tokens agreeing {agree}")
+    return lines
+
+
 def render(status: dict[str, Any]) -> str:
     lines = [f"NATS {status['nats']}"]
     router = status.get("router", {})
@@ -81,7 +122,9 @@ def render(status: dict[str, Any]) -> str:
                          f"{w['samples']} samples agreement={w['agreement']:.3f} "
                          f"exit_rate={w['exit_rate']:.3f}")
         lines.append(f"monitor stored: {monitor.get('requests_stored', 0)} request rows, "
-                     f"{monitor.get('windows_stored', 0)} windows")
+                     f"{monitor.get('windows_stored', 0)} windows, "
+                     f"{monitor.get('generations_stored', 0)} generation streams")
+    lines += _helios_lines(status.get("helios") or {})
     metrics = status.get("metrics") or {}
     for name, port in sorted(metrics.get("ports", {}).items()):
         lines.append(f"metrics {name}: {metrics_ports.url(metrics['bind'], port)}")
@@ -98,6 +141,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = config_mod.load()
     status = asyncio.run(collect(cfg, server_url(cfg)))
+    try:
+        status["helios"] = helios_status(cfg)
+    except Exception as exc:  # noqa: BLE001 - a store problem must not hide the bus's status
+        status["helios_error"] = repr(exc)
     if (ports := metrics_ports.read(cfg.home)) is not None:  # a live `offramp up` here
         status["metrics"] = ports
     print(json.dumps(status, indent=2, default=str) if args.json else render(status))

@@ -269,6 +269,16 @@ class HeliosHistory:
             row = conn.execute(q).one_or_none()
         return None if row is None else row._asdict()
 
+    def generation_totals(self) -> dict[str, dict[str, int]]:
+        """Per served model with generation streams: ``streams``, ``tokens``, ``checked``
+        (early tokens the full model checked) and ``agreed``."""
+        g = Generation
+        q = select(g.model, func.count(), func.sum(g.tokens), func.sum(g.checked),
+                   func.sum(g.agreed)).group_by(g.model)
+        with self.engine.connect() as conn:
+            return {m: {"streams": int(n), "tokens": int(t or 0), "checked": int(c or 0),
+                        "agreed": int(a or 0)} for m, n, t, c, a in conn.execute(q)}
+
     def requests_served_by(self, model: str, since: datetime,
                            until: datetime | None = None) -> list[dict[str, Any]]:
         """Per request of ``model`` received in ``[since, until)``: request_id, received_at,

@@ -68,6 +68,10 @@ def test_helios_evaluates_then_loads_the_greedy_depth_and_reassesses(stack):
     readme = [r for r in stack.sql(readme_query().replace("smollm2-135m", MODEL))
               if r[0] == later["id"]]  # the README's own query answers the same
     assert [r[1:6] for r in readme] == [("ok", f"{MODEL}@2", MODEL, 2, "unload")]
+    status = stack.cli("status")  # the decision in force and the streams, for the operator
+    assert status.returncode == 0, status.stderr
+    assert f"helios {MODEL}: {MODEL}@6 (evaluate, assessment 2" in status.stdout, status.stdout
+    assert "generation streams" in status.stdout
 
 
 def readme_query() -> str:

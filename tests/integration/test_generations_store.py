@@ -61,6 +61,10 @@ def test_a_redelivered_batch_or_a_stream_stored_twice_adds_nothing(store: Store)
     store.add_generations([gen("g1", model="other")])  # another model's g1: its own row
     store.add_generations([gen(""), gen("")])  # streams without an id are all kept
     assert _count(store) == 6
+    # what `offramp status` sums per model (each gen row: 10 tokens, 2 checked, 1 agreed)
+    assert store.generation_totals() == {
+        "chat": {"streams": 5, "tokens": 50, "checked": 10, "agreed": 5},
+        "other": {"streams": 1, "tokens": 10, "checked": 2, "agreed": 1}}
 
 
 def test_assessment_progress_per_candidate_and_depth(store: Store) -> None:

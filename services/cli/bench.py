@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
+import threading
 
 BENCHES = ("overhead", "apparate", "chaos", "e3", "superserve", "decode", "helios")
 
@@ -193,6 +196,10 @@ def e3_arguments(bench: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # SIGTERM unwinds like Ctrl-C: the benches' `finally` blocks stop the private stacks
+    # they started (a killed bench would leave them serving)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     if args.which == "chaos":
         from services.bench.chaos import run_chaos
         args.model = args.model or "tiny"

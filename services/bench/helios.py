@@ -98,6 +98,12 @@ def run_helios(args) -> int:
         raise SystemExit(f"error: {exc} (budget {budget / MB:.1f} MB, RI {sim.ri})") from None
     doc = report(traces, folder, stream, sim, results, {"requests": requests,
                                                          "drift_every": drift, "seed": args.seed})
+    return write_outputs(doc, args, table, plot)
+
+
+def write_outputs(doc: dict[str, Any], args, table, plot) -> int:
+    """Print ``table(doc)``, write ``--json`` and the plot (``--plot``, else the JSON's name
+    as SVG): the end of every ``bench helios`` run."""
     say(table(doc))
     Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     say(f"json: {args.json}")

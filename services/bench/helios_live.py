@@ -31,7 +31,6 @@ the stacks stop the perplexity of every answer judged by the full model (teacher
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import re
 import shutil
@@ -53,6 +52,7 @@ from services.bench.helios import (
     prepared_dir,
     say,
     trace_prompts,
+    write_outputs,
 )
 from services.bench.report import machine
 from services.common import bus
@@ -148,12 +148,7 @@ def run_live(args) -> int:
     if not getattr(args, "no_judge", False):
         say(f"judging every answer with {judge_name} fully loaded (teacher-forced)")
         judge(doc, load.prompts, prepared_dir(base, judge_name), base.ort_threads)
-    say(table(doc))
-    Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
-    say(f"json: {args.json}")
-    out = Path(args.plot) if getattr(args, "plot", None) else Path(args.json).with_suffix(".svg")
-    say(f"plot: {plot(doc, out)}")
-    return 0
+    return write_outputs(doc, args, table, plot)
 
 
 # -- setup -----------------------------------------------------------------------------------

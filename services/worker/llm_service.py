@@ -104,6 +104,7 @@ class LlmWorker:
         self.heads = heads_in_use(cfg.llm_heads, llm)
         self.thresholds = self._thresholds()
         self.slots = slots_for(llm, cfg.kv_budget_mb, cfg.llm_slot_tokens, self.decoder.depth)
+        self.weight_bytes = self.decoder.weight_bytes()  # changes only with the depth
         self.slot_tokens = min(cfg.llm_slot_tokens, llm.context)
         self.eos = llm.eos
         self.waiting: deque[GenStream] = deque()
@@ -251,7 +252,7 @@ class LlmWorker:
         publish_all(self.nc, messages, self.log)
         for stream, seq in ended:
             del self.active[stream.id]
-            memory = self.decoder.weight_bytes() + self.decoder.kv_bytes(seq)
+            memory = self.weight_bytes + self.decoder.kv_bytes(seq)
             self._end(stream.reply, stream.router, stream.id,
                       stream.done(now, self.name, stream.depth),
                       self._row(stream.id, stream.received, OK, stream.depth),
@@ -337,6 +338,7 @@ class LlmWorker:
         if self.choice is choice:
             return
         self.decoder.set_depth(choice.depth)
+        self.weight_bytes = self.decoder.weight_bytes()
         self.choice = choice
         if choice.threshold is not None:
             self.threshold = choice.threshold

@@ -86,14 +86,20 @@ class GenStream:
         self.seq += 1
         return data
 
-    def done(self, now: float, candidate: str, depth: int) -> bytes:
+    def timings(self, now: float) -> tuple[float, float, float]:
+        """(TTFT, TPOT, accepted to last token) in ms; a stream without tokens ends now."""
         first = self.first_at if self.first_at is not None else now
         last = self.last_at if self.last_at is not None else now
         n = len(self.tokens)
+        return ((first - self.accepted) * 1e3, (last - first) * 1e3 / (n - 1) if n > 1 else 0.0,
+                (last - self.accepted) * 1e3)
+
+    def done(self, now: float, candidate: str, depth: int) -> bytes:
+        ttft, tpot, _ = self.timings(now)
         return GenerateDone(
-            self.id, self.request.model, self.finish or FINISH_LENGTH, len(self.prompt), n,
-            (first - self.accepted) * 1e3, (last - first) * 1e3 / (n - 1) if n > 1 else 0.0,
-            (now - self.accepted) * 1e3, dict(Counter(self.exits)), candidate, depth).encode()
+            self.id, self.request.model, self.finish or FINISH_LENGTH, len(self.prompt),
+            len(self.tokens), ttft, tpot, (now - self.accepted) * 1e3,
+            dict(Counter(self.exits)), candidate, depth).encode()
 
 
     def check(self, index: int, layer: int, agreed: bool) -> None:
@@ -108,15 +114,11 @@ class GenStream:
 
     def record(self, now: float, candidate: str, memory_bytes: int) -> GenerationRecord:
         """Its generation telemetry once it ended with an answer."""
-        first = self.first_at if self.first_at is not None else now
-        last = self.last_at if self.last_at is not None else now
-        n = len(self.tokens)
+        ttft, tpot, duration = self.timings(now)
         return GenerationRecord(
             self.id, self.received, candidate, self.depth, self.assessment, len(self.prompt),
-            n, (first - self.accepted) * 1e3, (last - first) * 1e3 / (n - 1) if n > 1 else 0.0,
-            (last - self.accepted) * 1e3, self.logprob, dict(Counter(self.exits)),
-            list(self.breach_at), memory_bytes, list(self.feedback),
-            self.first_deviation)
+            len(self.tokens), ttft, tpot, duration, self.logprob, dict(Counter(self.exits)),
+            list(self.breach_at), memory_bytes, list(self.feedback), self.first_deviation)
 
 
 def prompt_problem(prompt: list[int], max_tokens: int, vocab: int,

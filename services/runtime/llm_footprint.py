@@ -43,7 +43,8 @@ def tensor_bytes(folder: Path) -> dict[str, int]:
     return sizes
 
 
-def _family(tokenizer_folder: Path) -> str:
+def family(tokenizer_folder: Path) -> str:
+    """The tokenizer's content hash: candidates of one family share token ids."""
     path = Path(tokenizer_folder) / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(f"no tokenizer.json in {tokenizer_folder}")
@@ -69,7 +70,7 @@ def candidate_row(model_dir: Path) -> dict[str, Any]:
     heads = int(cfg["num_attention_heads"])
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    return {"name": m.name, "family": _family(Path(m.tokenizer)), "n_layers": m.n_layers,
+    return {"name": m.name, "family": family(Path(m.tokenizer)), "n_layers": m.n_layers,
             "exit_layers": sorted({*m.head_layers, m.n_layers}),
             "layer_bytes": max(per_layer.values()), "fixed_bytes": fixed,
             "kv_bytes_per_token_layer": 2 * kv_heads * head_dim * FP32_BYTES,

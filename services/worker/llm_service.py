@@ -47,6 +47,7 @@ from services.common.service_loop import supervise
 from services.runtime.llm_decoder import LlmDecoder, Sequence, StepResult
 from services.runtime.llm_layers import LayerLoader, Move
 from services.runtime.llm_model import LoadedLlm, load
+from services.worker.llm_candidates import Held, read_candidate, switch_problem
 from services.worker.llm_streams import GenStream, prompt_problem
 
 
@@ -62,9 +63,10 @@ def slots_for(llm: LoadedLlm, budget_mb: float, slot_tokens: int, layers: int = 
     return max(1, int(budget_mb * 2**20 // (per_token * slot_tokens)))
 
 
-def heads_in_use(setting: str, llm: LoadedLlm) -> list[int]:
+def heads_in_use(setting: str, llm: LoadedLlm, strict: bool = True) -> list[int]:
     """The exit heads ``OFFRAMP_LLM_HEADS`` names: none by default, since each costs a
-    vocabulary projection (about five of SmolLM2's layers at batch 1) on every token it sees."""
+    vocabulary projection (about five of SmolLM2's layers at batch 1) on every token it sees.
+    Not ``strict`` (a candidate switched to): the named layers where it has a head."""
     if not setting:
         return []
     if setting == "all":
@@ -75,6 +77,8 @@ def heads_in_use(setting: str, llm: LoadedLlm) -> list[int]:
         raise SystemExit(f"OFFRAMP_LLM_HEADS={setting!r}: give `all` or head layers such as "
                          f"{','.join(map(str, llm.heads.layers[-2:]))}") from None
     unknown = sorted(set(layers) - set(llm.heads.layers))
+    if not strict:
+        return [k for k in layers if k not in unknown]
     if unknown:
         raise SystemExit(f"OFFRAMP_LLM_HEADS names layers {unknown} without an exit head; "
                          f"the heads are after layers {llm.heads.layers}")
@@ -97,6 +101,8 @@ class LlmWorker:
     def __init__(self, nc: Client, cfg: Config, name: str, llm: LoadedLlm, log) -> None:
         self.nc, self.cfg, self.name, self.llm, self.log = nc, cfg, name, llm, log
         self.id = f"{name}-llm-{uuid.uuid4().hex[:6]}"
+        self.candidate = name  # the candidate held: HELIOS may switch to another of its family
+        self.resume: set[str] = set()  # open streams to prefill again after a switch
         self.decoder = LlmDecoder(llm.model, llm.heads, loaded_depth(cfg.llm_depth, llm))
         self.tuned: dict[int, float] = {}  # per head: the tuner's generation exit config
         self.config_version = 0
@@ -118,7 +124,8 @@ class LlmWorker:
         self.choice: HeliosChoice | None = None  # HELIOS's decision being served
         self.next_choice: HeliosChoice | None = None  # received, applied between rounds
         self.loader: LayerLoader | None = None
-        self.loading: tuple[HeliosChoice, asyncio.Future] | None = None  # layers being read
+        # layers (a Move) or another candidate (a Held) being read
+        self.loading: tuple[HeliosChoice, asyncio.Future] | None = None
 
     @property
     def open_ids(self) -> tuple[str, ...]:
@@ -184,10 +191,10 @@ class LlmWorker:
         publish_all(self.nc, [*messages, (reply, terminal), (router, release)], self.log)
 
     def _row(self, rid: str | None, received: float, status: str,
-             depth: int | None = None) -> RequestRecord:
+             stream: GenStream | None = None) -> RequestRecord:
         """The request row of a request received at ``received`` (unix s) ending now with
-        ``status``; an answered one names the model and the depth that served it."""
-        served = f"{self.name}@{depth or self.decoder.depth}" if status == OK else None
+        ``status``; an answered one names the candidate and the depth it started on."""
+        served = f"{stream.candidate}@{stream.depth}" if status == OK and stream else None
         return RequestRecord(rid, received, (time.time() - received) * 1e3, status,
                              variant=served)
 
@@ -204,17 +211,19 @@ class LlmWorker:
             new = [self.waiting.popleft()
                    for _ in range(min(len(self.waiting), self.slots - len(self.active)))]
             seqs = {s.id: Sequence(s.id, list(s.prompt)) for s in new}
-            running = list(self.active.values())
+            running = [(s, q) for s, q in self.active.values() if s.id not in self.resume]
+            seqs.update({i: self.active[i][1] for i in self.resume if i in self.active})
+            self.resume.clear()
             for s in new:  # open from here on: heartbeats list them
                 self.active[s.id] = (s, seqs[s.id])
-                s.depth, s.assessment = self.decoder.depth, getattr(self.choice, "assessment",
-                                                                    None)
+                s.candidate, s.depth = self.candidate, self.decoder.depth
+                s.assessment = getattr(self.choice, "assessment", None)
             try:
                 out = await loop.run_in_executor(self.decoding, self._round, list(seqs.values()),
                                                  [q for _, q in running])
             except Exception as exc:  # the round's streams fail; the worker lives on
                 self.log.error("decoding round failed: %r", exc, exc_info=exc)
-                for s in new + [s for s, _ in running]:
+                for s in [s for s, _ in self.active.values()]:  # each was in the round
                     self.active.pop(s.id, None)
                     self._end(s.reply, s.router, s.id, encode_error(
                         s.id, errors.INTERNAL, f"decoding failed: {exc!r}"),
@@ -254,9 +263,9 @@ class LlmWorker:
             del self.active[stream.id]
             memory = self.weight_bytes + self.decoder.kv_bytes(seq)
             self._end(stream.reply, stream.router, stream.id,
-                      stream.done(now, self.name, stream.depth),
-                      self._row(stream.id, stream.received, OK, stream.depth),
-                      stream.record(now, self.name, memory))
+                      stream.done(now, stream.candidate, stream.depth),
+                      self._row(stream.id, stream.received, OK, stream),
+                      stream.record(now, stream.candidate, memory))
 
     # ------------------------------------------------------------------ thresholds
 
@@ -301,9 +310,9 @@ class LlmWorker:
         self.wake.set()
 
     def _choice_problem(self, choice: HeliosChoice) -> str | None:
-        if choice.candidate != self.name:
-            return (f"candidate {choice.candidate!r}: this worker holds {self.name!r} "
-                    "(a switch needs a worker of that candidate)")
+        if choice.candidate != self.candidate:
+            return switch_problem(self.cfg.models_dir, choice.candidate, choice.depth,
+                                  self.llm.manifest)
         n = self.decoder.n_layers
         if choice.depth != n and choice.depth not in self.llm.heads.layers:
             return f"depth {choice.depth}: not {n} and no exit head there"
@@ -319,12 +328,22 @@ class LlmWorker:
             choice, future = self.loading
             self.loading = None
             try:
-                self._serve(choice, future.result())
-            except Exception as exc:  # noqa: BLE001 - keep serving at the depth loaded
-                self.log.error("cannot load to depth %s: %r", choice.depth, exc)
+                done = future.result()
+                if isinstance(done, Held):
+                    self._switch(done)
+                self._serve(choice, None if isinstance(done, Held) else done)
+            except Exception as exc:  # noqa: BLE001 - keep serving what is loaded
+                self.log.error("cannot load %s to depth %s: %r", choice.candidate,
+                               choice.depth, exc)
         if self.loading is not None or self.next_choice is None:
             return
         choice, self.next_choice = self.next_choice, None
+        if choice.candidate != self.candidate:
+            future = loop.run_in_executor(None, read_candidate, self.cfg.models_dir,
+                                          choice.candidate, choice.depth, self.cfg.ort_threads)
+            future.add_done_callback(lambda _f: self.wake.set())
+            self.loading = (choice, future)
+            return
         if self.loader is None:
             self.loader = LayerLoader(self.llm.model, Path(self.llm.manifest.base["fp32"]))
         if choice.depth < self.decoder.depth:
@@ -332,6 +351,22 @@ class LlmWorker:
         future = loop.run_in_executor(None, self.loader.load_to, choice.depth)
         future.add_done_callback(lambda _f: self.wake.set())
         self.loading = (choice, future)
+
+    def _switch(self, held: Held) -> None:
+        """Between rounds: serve ``held`` from the next round on. Each open stream's prompt
+        and answer so far run through it again (one prefill), so its KV is the new model's;
+        its tokens, counted on the candidate it started with, go on."""
+        old = self.candidate
+        self.llm, self.candidate, self.loader = held.llm, held.name, held.loader
+        self.decoder = LlmDecoder(held.llm.model, held.llm.heads, held.depth)
+        self.heads = heads_in_use(self.cfg.llm_heads, held.llm, strict=False)
+        self.eos = held.llm.eos
+        for rid, (stream, _) in list(self.active.items()):
+            self.active[rid] = (stream, Sequence(rid, stream.prompt + stream.tokens))
+            self.resume.add(rid)
+        self.log.info("helios switch %s", logs.kv(
+            previous=old, candidate=held.name, depth=held.depth, read_ms=round(held.ms, 1),
+            resumed=len(self.resume)))
 
     def _serve(self, choice: HeliosChoice, move: Move | None) -> None:
         """From the next round on: ``choice``'s depth, its heads and its slots."""

@@ -34,6 +34,7 @@ class GenStream:
     accepted: float                  # monotonic seconds
     limit: int                       # the most tokens it may produce (max_tokens, context)
     received: float = 0.0            # unix seconds the router received it
+    candidate: str = ""              # the candidate it started on (HELIOS may switch)
     depth: int = 0                   # loaded depth when it started: what serves it
     assessment: int | None = None    # the HELIOS assessment it counts toward
     tokens: list[int] = field(default_factory=list)

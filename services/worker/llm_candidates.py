@@ -1,0 +1,69 @@
+"""The candidate an LLM worker holds, and another one read in the background when HELIOS
+switches (``switch``, or ``evaluate`` of another candidate).
+
+A worker serves one model's subject (``offramp.generate.<model>``) but may hold any prepared
+candidate that shares the model's tokenizer: the streams in flight are token ids, and they
+go on under the new candidate. The new candidate is loaded in another thread (its whole
+model, then released down to the decision's depth) while rounds go on with the old one;
+between two rounds the worker swaps them and re-runs each open stream's prompt and answer
+so far through the new model (a prefill) to rebuild its KV there. The old candidate's
+memory is returned when the swap drops it; for the load's duration both are resident.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.runtime.llm_footprint import family
+from services.runtime.llm_layers import LayerLoader
+from services.runtime.llm_manifest import LlmManifest, load_if_intact
+from services.runtime.llm_model import LoadedLlm, load
+
+
+@dataclass
+class Held:
+    """A candidate's model in memory, loaded to ``depth`` (its loader holds the rest on
+    disk when partial); ``ms``: how long reading it took."""
+
+    name: str
+    llm: LoadedLlm
+    depth: int
+    loader: LayerLoader | None = None
+    ms: float = 0.0
+
+
+def switch_problem(models_dir: Path, name: str, depth: int, own: LlmManifest) -> str | None:
+    """Why a worker holding ``own`` cannot serve candidate ``name`` at ``depth`` (None: it
+    can)."""
+    manifest = load_if_intact(Path(models_dir) / name)
+    if manifest is None:
+        return (f"candidate {name!r} is not prepared under {models_dir} "
+                f"(run `offramp prepare {name}` where the workers run)")
+    try:
+        same = family(Path(manifest.tokenizer)) == family(Path(own.tokenizer))
+    except OSError as exc:
+        return f"candidate {name!r}: cannot read its tokenizer ({exc})"
+    if not same:
+        return f"candidate {name!r} does not share this model's tokenizer"
+    return depth_problem(manifest, depth)
+
+
+def depth_problem(manifest: LlmManifest, depth: int) -> str | None:
+    n = manifest.n_layers
+    if depth != n and depth not in manifest.head_layers:
+        return f"depth {depth}: not {n} and no exit head of {manifest.name} there"
+    return None
+
+
+def read_candidate(models_dir: Path, name: str, depth: int, threads: int = 0) -> Held:
+    """In a worker thread: ``name``'s prepared model, with only layers ``1..depth``
+    resident."""
+    started = time.perf_counter()
+    llm = load(Path(models_dir) / name, threads)
+    loader = None
+    if depth < llm.manifest.n_layers:
+        loader = LayerLoader(llm.model, Path(llm.manifest.base["fp32"]))
+        loader.load_to(depth)
+    return Held(name, llm, depth, loader, (time.perf_counter() - started) * 1e3)

@@ -1,0 +1,200 @@
+"""HELIOS switches an LLM worker to another candidate of its family mid-stream: the new
+candidate is read in the background, the open streams go on under it (their prompt and
+answer so far prefilled again) and are counted on the candidate they started on; a
+candidate that is not prepared or has another tokenizer is refused and nothing changes."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from schemas.generation import GenerateRequest, LlmWork
+from schemas.helios import GenerationTelemetry, HeliosChoice
+from schemas.messages import decode_map
+from schemas.telemetry import RequestTelemetry
+from services.common import config as config_mod
+from services.prepare.llm_models import prepare_tiny
+from services.runtime.manifest import MANIFEST_FILE
+
+MODEL = "tiny-llm"
+
+
+def _twin(models_dir: Path, name: str, tokenizer_change: bool = False) -> None:
+    """A copy of the prepared tiny model under another candidate name (same weights);
+    with ``tokenizer_change`` its own base folder whose tokenizer differs."""
+    shutil.copytree(models_dir / MODEL, models_dir / name)
+    path = models_dir / name / MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    manifest["name"] = name
+    if tokenizer_change:
+        base = models_dir / name / "base"
+        tok = json.loads((base / "tokenizer.json").read_text())
+        tok["added_tokens"] = [*tok.get("added_tokens", []), {
+            "id": 10**5, "content": "<extra>", "single_word": False, "lstrip": False,
+            "rstrip": False, "normalized": False, "special": True}]
+        (base / "tokenizer.json").write_text(json.dumps(tok))
+        manifest["base"] = {"fp32": str(base)}
+        manifest["tokenizer"] = str(base)
+    path.write_text(json.dumps(manifest))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> Path:
+    torch.set_num_threads(1)
+    folder = tmp_path_factory.mktemp("models")
+    prepare_tiny(folder, log=lambda _m: None)
+    _twin(folder, "tiny-twin")
+    _twin(folder, "tiny-other-tokens", tokenizer_change=True)
+    return folder
+
+
+def _run(models: Path, plan) -> tuple[list, list]:
+    """Serve on a worker of ``MODEL``; ``plan(worker, submit)`` drives it. Returns (the
+    worker's writes, [worker])."""
+    import services.worker.llm_service as svc
+    from services.runtime.llm_model import load
+
+    cfg = dataclasses.replace(config_mod.load(), models_dir=models, kv_budget_mb=64,
+                              llm_heads="", llm_threshold=1.0)
+    writes: list[list[tuple[str, bytes]]] = []
+    held: list = []
+
+    async def go() -> None:
+        original = svc.publish_all
+        svc.publish_all = lambda nc, messages, log: writes.append(list(messages))
+        try:
+            w = svc.LlmWorker(SimpleNamespace(), cfg, MODEL, load(models / MODEL),
+                              logging.getLogger("t"))
+            held.append(w)
+            stop = asyncio.Event()
+            task = asyncio.ensure_future(w.run(stop))
+
+            def submit(req: GenerateRequest) -> None:
+                w.on_work(SimpleNamespace(data=LlmWork("offramp.results.r", f"_INBOX.{req.id}",
+                                                       req.encode()).encode()))
+
+            await plan(w, submit)
+            while w.waiting or w.active:
+                await asyncio.sleep(0.005)
+            stop.set()
+            w.wake.set()
+            await task
+        finally:
+            svc.publish_all = original
+
+    asyncio.run(asyncio.wait_for(go(), 120))
+    return writes, held
+
+
+def _choice(decision: int, candidate: str, depth: int = 6) -> SimpleNamespace:
+    kind = "switch" if candidate != MODEL else "stay"
+    return SimpleNamespace(data=HeliosChoice(MODEL, decision, kind, candidate, depth,
+                                             1).encode())
+
+
+def _tokens(writes, rid: str) -> list[int]:
+    return [t for w in writes for s, d, *_ in w if s == f"_INBOX.{rid}"
+            for t in decode_map(d).get("tokens", [])]
+
+
+def _records(writes, rid: str):
+    rows = [RequestTelemetry.decode(decode_map(d)).records[0] for w in writes for s, d, *_ in w
+            if s.startswith("offramp.telemetry.requests.")
+            and RequestTelemetry.decode(decode_map(d)).records[0].id == rid]
+    gens = [GenerationTelemetry.decode(decode_map(d)).records[0] for w in writes
+            for s, d, *_ in w if s.startswith("offramp.telemetry.generation.")
+            and GenerationTelemetry.decode(decode_map(d)).records[0].id == rid]
+    return rows, gens
+
+
+def _greedy(models: Path, prompt: str, n: int) -> list[int]:
+    from services.runtime.llm_model import load
+
+    llm = load(models / MODEL)
+    ids = torch.tensor([llm.tokenizer.encode(prompt)])
+    out = llm.model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             pad_token_id=llm.tokenizer.eos_token_id)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def _until_eos(tokens: list[int], eos) -> list[int]:
+    return tokens[:next((i for i, t in enumerate(tokens) if t in eos), len(tokens))]
+
+
+def test_a_switch_mid_stream_goes_on_exactly_under_the_new_candidate(models, monkeypatch,
+                                                                      caplog):
+    import services.worker.llm_service as svc
+
+    original = svc.LlmWorker._round
+
+    def slow(self, new, running):  # rounds outlast the twin's read: the switch is mid-stream
+        time.sleep(0.02)
+        return original(self, new, running)
+
+    monkeypatch.setattr(svc.LlmWorker, "_round", slow)
+    prompt = "Once upon a time"
+
+    async def plan(w, submit) -> None:
+        submit(GenerateRequest("a", MODEL, 30, prompt=prompt))
+        while w.rounds < 3:
+            await asyncio.sleep(0.001)
+        w.on_choice(_choice(5, "tiny-twin"))
+        while w.candidate != "tiny-twin":
+            await asyncio.sleep(0.001)
+        submit(GenerateRequest("b", MODEL, 5, prompt=prompt))
+
+    with caplog.at_level(logging.INFO, logger="t"):
+        writes, (w,) = _run(models, plan)
+    assert w.candidate == "tiny-twin" and w.choice.candidate == "tiny-twin"
+    assert any("resumed=1" in r.getMessage() for r in caplog.records)
+    want = _until_eos(_greedy(models, prompt, 30), w.eos)
+    got = _tokens(writes, "a")
+    # the twin has the same weights: the stream's tokens are greedy decoding's, across the
+    # switch, so the KV it rebuilt by prefilling the answer so far is the model's own
+    assert got == want and len(got) > 3
+    rows, gens = _records(writes, "a")
+    assert rows[0].variant == "tiny-llm@6" and gens[0].candidate == "tiny-llm"  # started there
+    rows, gens = _records(writes, "b")
+    assert rows[0].variant == "tiny-twin@6" and gens[0].candidate == "tiny-twin"
+    assert _tokens(writes, "b") == want[:5]
+
+
+def test_a_switch_to_a_partial_depth_releases_the_layers_above(models):
+    async def plan(w, submit) -> None:
+        w.on_choice(_choice(3, "tiny-twin", depth=4))
+        while w.candidate != "tiny-twin" or w.choice is None:
+            await asyncio.sleep(0.002)
+        submit(GenerateRequest("p", MODEL, 4, prompt="The sea"))
+
+    writes, (w,) = _run(models, plan)
+    assert w.decoder.depth == 4 and not w.loader.resident(5) and w.loader.resident(4)
+    rows, gens = _records(writes, "p")
+    assert rows[0].variant == "tiny-twin@4" and gens[0].depth == 4
+
+
+@pytest.mark.parametrize("candidate, depth, why", [
+    ("not-prepared", 6, "not prepared"),
+    ("tiny-other-tokens", 6, "tokenizer"),
+    ("tiny-twin", 3, "no exit head"),
+])
+def test_a_switch_it_cannot_make_is_refused_and_nothing_changes(models, caplog, candidate,
+                                                                depth, why):
+    async def plan(w, submit) -> None:
+        with caplog.at_level(logging.ERROR, logger="t"):
+            w.on_choice(_choice(4, candidate, depth))
+        assert w.next_choice is None
+        submit(GenerateRequest("r", MODEL, 3, prompt="The sea"))
+
+    writes, (w,) = _run(models, plan)
+    assert w.candidate == MODEL and w.choice is None
+    assert any(why in r.getMessage() for r in caplog.records)
+    assert _records(writes, "r")[0][0].variant == "tiny-llm@6"

@@ -63,3 +63,30 @@ def supernet_dir(models_dir) -> Path:
     prepare_supernet(MODELS_DIR, recipe=recipe, teacher=teacher, name=SUPERNET_TINY,
                      search=search, log=lambda m: None)
     return MODELS_DIR
+
+
+def llm_twin(models_dir: Path, name: str, source: str = "tiny-llm",
+             tokenizer_change: bool = False) -> Path:
+    """A prepared generative model copied under another candidate name (same weights, so
+    same tokens); with ``tokenizer_change`` it gets its own base folder whose tokenizer
+    differs (another family)."""
+    import json
+    import shutil
+
+    from services.runtime.manifest import MANIFEST_FILE
+
+    shutil.copytree(models_dir / source, models_dir / name)
+    path = models_dir / name / MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    manifest["name"] = name
+    if tokenizer_change:
+        base = models_dir / name / "base"
+        tok = json.loads((base / "tokenizer.json").read_text())
+        tok["added_tokens"] = [*tok.get("added_tokens", []), {
+            "id": 10**5, "content": "<extra>", "single_word": False, "lstrip": False,
+            "rstrip": False, "normalized": False, "special": True}]
+        (base / "tokenizer.json").write_text(json.dumps(tok))
+        manifest["base"] = {"fp32": str(base)}
+        manifest["tokenizer"] = str(base)
+    path.write_text(json.dumps(manifest))
+    return models_dir / name

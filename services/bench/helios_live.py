@@ -18,9 +18,9 @@ store under ``$OFFRAMP_HOME/bench-helios-live``), one after the other:
   ``--threshold``, no HELIOS (EE-LLM style);
 - ``alone-noexit:<candidate>``: fully loaded, no exit head (the plain model);
 - ``helios``: ``offramp up --adapt`` serving the first candidate (HELIOS service and tuner,
-  RI and evaluation share from ``--ri``/``--eval-prompts``), HELIOS choosing its loaded
-  depth. Not across candidates: no router sends a model's requests to another candidate's
-  worker yet, so an evaluation of a second candidate would never be served.
+  RI and evaluation share from ``--ri``/``--eval-prompts``), the other ``--models`` in its
+  repository: HELIOS chooses the candidate and its loaded depth, and the worker switches
+  (each switch's background read and the open streams' pause are reported).
 
 Per policy: wall time, tokens/s, TTFT/TPOT percentiles (the done messages' timings), failed
 requests with their errors, the depth each request was served at, HELIOS's decisions (its
@@ -112,6 +112,7 @@ class Policy:
     kind: str                  # one of KINDS
     model: str                 # the served model the stream goes to
     models: tuple[str, ...]    # every model the stack serves
+    candidates: tuple[str, ...] = ()  # HELIOS's repository beyond them (registered only)
 
 
 @dataclass(frozen=True)
@@ -187,9 +188,9 @@ def check_heads(heads: str, rows: dict[str, dict[str, Any]]) -> None:
 def policies(models: list[str], wanted: str | None) -> list[Policy]:
     """The policies ``--policies`` names (kinds or full names; default every kind)."""
     every = [Policy(f"{k}:{m}", k, m, (m,)) for k in KINDS[:2] for m in models]
-    # live HELIOS picks the first candidate's depth only: no router yet sends a model's
-    # requests to another candidate's worker, so an evaluation of a second one would wait
-    every.append(Policy("helios", "helios", models[0], (models[0],)))
+    # HELIOS serves the first model's stream; the other candidates are in its repository,
+    # and its worker switches to one when a decision names it
+    every.append(Policy("helios", "helios", models[0], (models[0],), tuple(models[1:])))
     asked = names(wanted)
     if not asked:
         return every
@@ -239,14 +240,14 @@ def stack_config(base, home: Path, pol: Policy, settings: dict[str, Any]):
                    helios_eval_prompts=settings["helios_eval_prompts"])
 
 
-def private_state(cfg) -> None:
+def private_state(cfg, candidates: tuple[str, ...] = ()) -> None:
     """The stack's store with its models registered. Not ``prepare_state``: it would prepare
     smollm2 again under the private home (its fp32 copy and corpus cache live in the user's
     OFFRAMP_HOME, and a changed corpus retrains the heads); the prepared folders are used."""
     cfg.home.mkdir(parents=True, exist_ok=True)
     upgrade(cfg.database_url)
     with Store(cfg.database_url) as store:
-        for name in cfg.models:
+        for name in dict.fromkeys([*cfg.models, *candidates]):
             register_prepared(store, prepared_dir(cfg, name), cfg.ramp_budget)
 
 
@@ -256,7 +257,7 @@ def private_state(cfg) -> None:
 def run_policy(pol: Policy, cfg, load: Load, rows: dict[str, dict[str, Any]]) -> dict:
     say(f"{pol.name}: starting a private stack ({', '.join(pol.models)}; adapt "
         f"{'on' if cfg.adapt else 'off'}, heads {cfg.llm_heads or 'none'})")
-    private_state(cfg)
+    private_state(cfg, pol.candidates)
     sup = Supervisor(cfg, Deployment(pol.models), log_dir=cfg.home / "logs")
     try:
         url = sup.start()
@@ -391,9 +392,16 @@ def worker_log(log: Path, depths: dict[str, int], clients: int) -> dict[str, Any
     the decisions it served with the measured load (``load_ms``, ``loaded_mb``)."""
     slots: dict[str, int] = {}
     served = []
+    switches: list[dict[str, Any]] = []
     for line in log.read_text(errors="replace").splitlines():
         if (ready := _log_fields(line, " llm worker ready ")) is not None:
             slots[ready["depth"]] = int(ready["slots"])
+        elif (sw := _log_fields(line, " helios switch ")) is not None:
+            switches.append({"from": sw.get("previous"), "to": sw.get("candidate"),
+                             "depth": int(sw["depth"]), "read_ms": float(sw["read_ms"]),
+                             "open_streams": int(sw["resumed"])})
+        elif (r := _log_fields(line, " helios resumed ")) is not None and switches:
+            switches[-1]["pause_ms"] = float(r["pause_ms"])
         elif (d := _log_fields(line, " helios decision ")) is not None:
             slots[d["depth"]] = int(d["slots"])
             served.append({"decision": int(d["decision"]), "kind": d["kind"],
@@ -401,7 +409,7 @@ def worker_log(log: Path, depths: dict[str, int], clients: int) -> dict[str, Any
                            "load_ms": float(d["load_ms"]) if "load_ms" in d else None,
                            "loaded_mb": float(d["loaded_mb"]) if "loaded_mb" in d else None})
     used = [slots[d] for d in depths if d in slots]
-    return {"slots_by_depth": slots, "worker_decisions": served,
+    return {"slots_by_depth": slots, "worker_decisions": served, "switches": switches,
             "largest_batch": min(clients, max(used)) if used else None}
 
 
@@ -546,6 +554,8 @@ def table(doc: dict[str, Any]) -> str:
              f"{'agree':>6}")]
     for name, p in doc["policies"].items():
         depths = ",".join(f"{d}x{n}" for d, n in p["depths"].items())
+        if len(p.get("candidates", {})) > 1:  # which candidate served how many
+            depths = ",".join(f"{c}x{n}" for c, n in p["candidates"].items())
         mem = None if p["memory_bytes_median"] is None else p["memory_bytes_median"] / MB
         agree = p.get("token_agreement")
         lines.append(
@@ -560,6 +570,9 @@ def table(doc: dict[str, Any]) -> str:
             moved = "" if d["worker_load_ms"] is None else f", worker load {d['worker_load_ms']} ms"
             lines.append(f"  {d['at_s']:>7.1f} s  {d['kind']:<8} {d['candidate']}@{d['depth']} "
                          f"assessment {d['assessment']}, batch {d['batch']}{moved}")
+        lines += [f"  switch {w['from']} -> {w['to']}@{w['depth']}: read {w['read_ms']:.0f} ms "
+                  f"in the background, {w['open_streams']} open streams paused "
+                  f"{_fmt(w.get('pause_ms'), '.0f')} ms" for w in p.get("switches", [])]
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from services.prepare import llm_pruned
 from services.prepare.llm_heads import prepare_configured, write_artifact
 from services.runtime.llm_heads import RANK, ExitHeads, head_layers
 from services.runtime.llm_manifest import load_if_intact
@@ -44,4 +45,6 @@ def prepare_llm(name: str, cfg, force: bool = False, log: Callable[[str], None] 
     """Prepare the generative model ``name`` (one of ``registry.LLMS``)."""
     if name == tiny_llm.NAME:
         return prepare_tiny(models_dir or cfg.models_dir, force, log)
+    if name == llm_pruned.NAME:
+        return llm_pruned.prepare_configured(cfg, force, log, models_dir)
     return prepare_configured(cfg, force, log, models_dir)

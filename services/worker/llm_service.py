@@ -103,6 +103,7 @@ class LlmWorker:
         self.id = f"{name}-llm-{uuid.uuid4().hex[:6]}"
         self.candidate = name  # the candidate held: HELIOS may switch to another of its family
         self.resume: set[str] = set()  # open streams to prefill again after a switch
+        self.switched: tuple[float, int] | None = None  # (monotonic, streams) of the last swap
         self.decoder = LlmDecoder(llm.model, llm.heads, loaded_depth(cfg.llm_depth, llm))
         self.tuned: dict[int, float] = {}  # per head: the tuner's generation exit config
         self.config_version = 0
@@ -241,6 +242,10 @@ class LlmWorker:
 
     def _publish_round(self, out: list[StepResult]) -> None:
         now = time.monotonic()
+        if self.switched is not None:  # the open streams' pause: the swap to their next token
+            self.log.info("helios resumed %s", logs.kv(
+                streams=self.switched[1], pause_ms=round((now - self.switched[0]) * 1e3, 1)))
+            self.switched = None
         messages: list[tuple[str, bytes]] = []
         ended: list[tuple[GenStream, Sequence]] = []
         n_layers, depth = self.decoder.n_layers, self.decoder.depth
@@ -364,6 +369,7 @@ class LlmWorker:
         for rid, (stream, _) in list(self.active.items()):
             self.active[rid] = (stream, Sequence(rid, stream.prompt + stream.tokens))
             self.resume.add(rid)
+        self.switched = (time.monotonic(), len(self.resume))
         self.log.info("helios switch %s", logs.kv(
             previous=old, candidate=held.name, depth=held.depth, read_ms=round(held.ms, 1),
             resumed=len(self.resume)))
@@ -386,7 +392,8 @@ class LlmWorker:
         moved = {} if move is None else {"loaded_mb": move.loaded_bytes / 2**20,
                                          "load_ms": round(move.ms, 1)}
         self.log.info("helios decision %s", logs.kv(
-            decision=choice.decision, kind=choice.kind, depth=choice.depth,
+            decision=choice.decision, kind=choice.kind, candidate=choice.candidate,
+            depth=choice.depth,
             assessment=choice.assessment, slots=self.slots, **moved))
 
     # ------------------------------------------------------------------ liveness

@@ -247,7 +247,9 @@ ZOO = _Zoo(_FACTORIES)
 SUPERNETS = ("supernet-cnn", "supernet-minilm")
 # Generative models (kind "llm", prepared by services.prepare.llm_models on demand): the
 # folder holds exit heads, the base model stays in its cache; tiny-llm is made for tests.
-LLMS = ("smollm2-135m", "tiny-llm")
+# smollm2-135m-pruned is a lossy derivative of it (services.prepare.llm_pruned), a second
+# HELIOS candidate of its tokenizer.
+LLMS = ("smollm2-135m", "smollm2-135m-pruned", "tiny-llm")
 
 
 def get_spec(name: str) -> ModelSpec:

@@ -96,6 +96,14 @@ def dequantise(folder: Path, log: Callable[[str], None] = print) -> float:
                                                  dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     _plain(model)
+    save_copy(model, tokenizer, folder)
+    seconds = time.monotonic() - started
+    log(f"{NAME}: fp32 copy saved at {folder} ({seconds:.1f} s)")
+    return seconds
+
+
+def save_copy(model, tokenizer, folder: Path) -> None:
+    """``model`` and its tokenizer as one plain folder at ``folder``, atomically."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
@@ -107,9 +115,6 @@ def dequantise(folder: Path, log: Callable[[str], None] = print) -> float:
         os.replace(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    seconds = time.monotonic() - started
-    log(f"{NAME}: fp32 copy saved at {folder} ({seconds:.1f} s)")
-    return seconds
 
 
 def ensure_fp32(cache_dir: Path | None = None, log: Callable[[str], None] = print) -> Path:

@@ -22,22 +22,32 @@ MODEL = "tiny-llm"
 REQUESTS = 12
 
 
-def test_live_bench_serves_the_candidate_alone_and_helios(tmp_path):
-    models = tmp_path / "models"
-    prepare_tiny(models, log=lambda _: None)
+def _bench(tmp_path, models: str, policies: str, twin: str | None = None) -> dict:
+    """`offramp bench helios` live on a fresh home with tiny-llm prepared (and ``twin``, a
+    copy of it under that name): its JSON."""
+    from tests.conftest import llm_twin
+
+    folder = tmp_path / "models"
+    prepare_tiny(folder, log=lambda _: None)
+    if twin:
+        llm_twin(folder, twin)
     out = tmp_path / "live.json"
     env = {**os.environ, "OFFRAMP_HOME": str(tmp_path / "home"),
-           "OFFRAMP_MODELS_DIR": str(models)}
+           "OFFRAMP_MODELS_DIR": str(folder)}
     for name in ("OFFRAMP_NATS_URL", "OFFRAMP_DATABASE_URL", "OFFRAMP_LLM_DEPTH"):
         env.pop(name, None)
     proc = subprocess.run(
         [sys.executable, "-m", "services.cli", "bench", "helios", "--json", str(out),
-         "--models", MODEL, "--policies", "alone,helios", "--requests", str(REQUESTS),
+         "--models", models, "--policies", policies, "--requests", str(REQUESTS),
          "--max-tokens", "6", "--prompt-tokens", "8", "--threshold", "0", "--ri", "100",
          "--eval-prompts", "2", "--concurrency", "1", "--think-ms", "600"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_live_bench_serves_the_candidate_alone_and_helios(tmp_path):
+    doc = _bench(tmp_path, MODEL, "alone,helios")
     assert doc["mode"] == "live" and doc["requests"] == REQUESTS
     assert set(doc["stream_kinds"]) == {"prose", "code"}
     pols = doc["policies"]
@@ -56,4 +66,18 @@ def test_live_bench_serves_the_candidate_alone_and_helios(tmp_path):
     assert later and later[0]["kind"] in ("unload", "switch", "load") and later[0]["worker_followed"], kinds
     assert helios["depths"].get("6", 0) >= 2 and helios["depths"].get("2", 0) > 0, helios["depths"]
     assert helios["slots_by_depth"]["2"] > helios["slots_by_depth"]["6"]
-    assert out.with_suffix(".svg").is_file()
+    assert (tmp_path / "live.svg").is_file()
+
+
+def test_live_helios_evaluates_a_second_candidate_and_the_worker_switches_to_it(tmp_path):
+    # the twin has the same weights: a switch must not change the tokens
+    helios = _bench(tmp_path, f"{MODEL},tiny-twin", "helios", twin="tiny-twin")["policies"][
+        "helios"]
+    assert (helios["ok"], helios["failed"]) == (REQUESTS, 0), helios["errors"]
+    evaluated = [(d["candidate"], d["depth"]) for d in helios["decisions"]
+                 if d["kind"] == "evaluate" and d["assessment"] == 1]
+    assert evaluated == [(MODEL, 6), ("tiny-twin", 6)], helios["decisions"]
+    assert all(d["worker_followed"] for d in helios["decisions"][:2])
+    assert helios["candidates"].get("tiny-twin", 0) >= 2, helios["candidates"]
+    (first, *_) = helios["switches"]
+    assert (first["from"], first["to"]) == (MODEL, "tiny-twin") and first["read_ms"] > 0

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,28 +21,9 @@ from schemas.messages import decode_map
 from schemas.telemetry import RequestTelemetry
 from services.common import config as config_mod
 from services.prepare.llm_models import prepare_tiny
-from services.runtime.manifest import MANIFEST_FILE
+from tests.conftest import llm_twin
 
 MODEL = "tiny-llm"
-
-
-def _twin(models_dir: Path, name: str, tokenizer_change: bool = False) -> None:
-    """A copy of the prepared tiny model under another candidate name (same weights);
-    with ``tokenizer_change`` its own base folder whose tokenizer differs."""
-    shutil.copytree(models_dir / MODEL, models_dir / name)
-    path = models_dir / name / MANIFEST_FILE
-    manifest = json.loads(path.read_text())
-    manifest["name"] = name
-    if tokenizer_change:
-        base = models_dir / name / "base"
-        tok = json.loads((base / "tokenizer.json").read_text())
-        tok["added_tokens"] = [*tok.get("added_tokens", []), {
-            "id": 10**5, "content": "<extra>", "single_word": False, "lstrip": False,
-            "rstrip": False, "normalized": False, "special": True}]
-        (base / "tokenizer.json").write_text(json.dumps(tok))
-        manifest["base"] = {"fp32": str(base)}
-        manifest["tokenizer"] = str(base)
-    path.write_text(json.dumps(manifest))
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +31,8 @@ def models(tmp_path_factory) -> Path:
     torch.set_num_threads(1)
     folder = tmp_path_factory.mktemp("models")
     prepare_tiny(folder, log=lambda _m: None)
-    _twin(folder, "tiny-twin")
-    _twin(folder, "tiny-other-tokens", tokenizer_change=True)
+    llm_twin(folder, "tiny-twin")
+    llm_twin(folder, "tiny-other-tokens", tokenizer_change=True)
     return folder
 
 

@@ -107,12 +107,16 @@ class PhtRow:
 class Slo:
     """What the user asks for. ``objective`` ranks: throughput (tokens/s), accuracy
     (perplexity) or latency (TTFT; offline profiles have none, so top-k ranks it like
-    throughput). ``family`` restricts the repository to one tokenizer."""
+    throughput). ``family`` restricts the repository to one tokenizer.
+    ``max_perplexity_rise``: a candidate meets the SLO only within this share of the lowest
+    expected perplexity among those assessed (the acceptance's "within +5 % of the best
+    single candidate"); None: no relative bound."""
 
     objective: str = "throughput"
     max_tpot_ms: float | None = None
     max_perplexity: float | None = None
     family: str | None = None
+    max_perplexity_rise: float | None = PERPLEXITY_TOLERANCE
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -430,7 +434,7 @@ def choose_after_assessment(candidates: Sequence[Candidate], pht: Sequence[PhtRo
     Choice: when none meets the SLO, the best of those that fit serves anyway (the reason
     says so). Relative to ``current`` (candidate, depth): same -> ``stay``, same candidate
     deeper -> ``load``, shallower -> ``unload``, another candidate -> ``switch``."""
-    scored, meets = [], []
+    scored, figures = [], []
     for c in candidates:
         d = likely_depth(c, pht, q)
         if not _fits(c, d, memory_budget, tokens_per_request):
@@ -438,9 +442,14 @@ def choose_after_assessment(candidates: Sequence[Candidate], pht: Sequence[PhtRo
         tps, ppl = expected_tokens_per_s(c, d, pht), expected_perplexity(c, d, pht)
         key = _objective_key(slo.objective, tps, ppl, expected_ttft_ms(c, d, pht), c.name)
         scored.append((key, c, d, f"{c.name}@{d}: {tps:.2f} tok/s, ppl {ppl:.3f}"))
-        if (slo.max_tpot_ms is None or 1000.0 / tps <= slo.max_tpot_ms + EPS) and \
-                (slo.max_perplexity is None or ppl <= slo.max_perplexity + EPS):
-            meets.append(scored[-1])
+        figures.append((tps, ppl))
+    bound = slo.max_perplexity
+    if slo.max_perplexity_rise is not None and figures:
+        rise = min(p for _, p in figures) * (1 + slo.max_perplexity_rise)
+        bound = rise if bound is None else min(bound, rise)
+    meets = [s for s, (tps, ppl) in zip(scored, figures, strict=True)
+             if (slo.max_tpot_ms is None or 1000.0 / tps <= slo.max_tpot_ms + EPS)
+             and (bound is None or ppl <= bound + EPS)]
     if not scored:
         raise ValueError("no candidate fits the memory budget")
     _, best, depth, _ = min(meets or scored, key=lambda s: s[0])

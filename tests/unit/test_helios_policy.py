@@ -253,3 +253,15 @@ def test_ri_schedule_shared_prompts_run_on_every_candidate() -> None:
     assert s.eval_candidates(151) == ("a", "b") and s.phase_end(151) == 155
     with pytest.raises(ValueError):
         ReassessSchedule(("a", "b"), ri=9, eval_prompts=5)
+
+
+def test_an_assessment_keeps_perplexity_within_the_rise_of_the_best_candidate() -> None:
+    # a@6 is faster (100 vs 70 tok/s) but its perplexity is 10 % above b's
+    pht = [row("a", 24, 50.0, 1.60, A_DIST), row("b", 32, 40.0, 1.45, B_DIST)]
+    d = choose_after_assessment([A, B], pht, Slo())  # default: within +5 %
+    assert d.candidate == "b" and "best effort" not in d.reason
+    assert choose_after_assessment([A, B], pht, Slo(max_perplexity_rise=0.15)).candidate == "a"
+    assert choose_after_assessment([A, B], pht, Slo(max_perplexity_rise=None)).candidate == "a"
+    # an absolute bound below the relative one still holds: nobody meets it
+    d = choose_after_assessment([A, B], pht, Slo(max_perplexity=1.2))
+    assert d.candidate == "a" and "best effort" in d.reason

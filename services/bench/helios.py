@@ -76,7 +76,8 @@ def run_helios(args) -> int:
     folder = Path(args.traces) if getattr(args, "traces", None) else cfg.home / "traces" / "helios"
     traces = ensure_traces(models, folder, cfg, args)
     if args.heads:
-        traces = {n: keep_heads(t, [int(k) for k in args.heads.split(",")])
+        traces = {n: keep_heads(t, list(t.head_layers[-1:]) if args.heads == "last" else
+                                [int(k) for k in args.heads.split(",")])
                   for n, t in traces.items()}
     budget = int(args.budget_mb * MB) if getattr(args, "budget_mb", None) \
         else default_budget(traces, cfg.kv_budget_mb)

@@ -172,12 +172,12 @@ def footprints(base, models: list[str]) -> dict[str, dict[str, Any]]:
 def check_heads(heads: str, rows: dict[str, dict[str, Any]]) -> None:
     """``--heads`` before any stack starts: a worker refuses unknown heads at start, and
     its stack would wait for it in vain."""
-    if heads == "all":
+    if heads in ("all", "last"):
         return
     try:
         layers = {int(k) for k in heads.split(",") if k.strip()}
     except ValueError:
-        raise SystemExit(f"error: --heads {heads!r}: give `all` or head layers") from None
+        raise SystemExit(f"error: --heads {heads!r}: give `all`, `last` or head layers") from None
     for name, r in rows.items():
         missing = sorted(layers - set(r["exit_layers"][:-1]))  # the last one is the model's end
         if missing:

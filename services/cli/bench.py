@@ -82,7 +82,8 @@ def decode_arguments(bench: argparse.ArgumentParser) -> None:
                        help="decode, helios: prompt length")
     bench.add_argument("--heads", help="decode: the exit heads evaluated (layers, e.g. 24,27; "
                        "default all): each costs a vocabulary projection; helios live: the "
-                       "heads the alone and helios stacks use (OFFRAMP_LLM_HEADS, default all)")
+                       "heads the alone and helios stacks use (OFFRAMP_LLM_HEADS, default all; `last`: each "
+                       "candidate's deepest)")
     bench.add_argument("--rounds", type=int, default=4,
                        help="decode: batches, each decoded exit-free and with exits")
     bench.add_argument("--depth", type=int, default=0,

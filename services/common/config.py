@@ -171,7 +171,7 @@ DOCUMENTED = [
     ("OFFRAMP_KV_BUDGET_MB", "256", "an LLM worker's KV cache budget: the streams it serves at once are this over one stream's KV (OFFRAMP_LLM_SLOT_TOKENS tokens at every layer)"),
     ("OFFRAMP_LLM_SLOT_TOKENS", "1024", "tokens (prompt and output) one generation stream may hold"),
     ("OFFRAMP_LLM_THRESHOLD", "0.9", "an LLM exit head answers a token when its top probability reaches this"),
-    ("OFFRAMP_LLM_HEADS", "(none)", "the exit heads an LLM worker evaluates: `all`, or layers such as `24,27`; each costs a vocabulary projection"),
+    ("OFFRAMP_LLM_HEADS", "(none)", "the exit heads an LLM worker evaluates: `all`, `last` (its deepest), or layers such as `24,27`; each costs a vocabulary projection"),
     ("OFFRAMP_TUNER_NATIVE", "1", "0: the tuner climbs in Python instead of its compiled climb (same decisions; for comparison)"),
     ("OFFRAMP_NATS_PROCS", "0", "GOMAXPROCS of the NATS server `offramp up` starts (0 = 1 on machines of up to 4 cores, else Go's default)"),
     ("OFFRAMP_METRICS_PORT", "(unset: off; `offramp up`: a free port per service)", "port of a service's Prometheus `/metrics`; `offramp up` gives its services consecutive ports from it and lists them in `offramp status`"),

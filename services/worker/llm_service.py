@@ -71,10 +71,12 @@ def heads_in_use(setting: str, llm: LoadedLlm, strict: bool = True) -> list[int]
         return []
     if setting == "all":
         return list(llm.heads.layers)
+    if setting == "last":  # each candidate's deepest head, wherever its layers end
+        return list(llm.heads.layers[-1:])
     try:
         layers = [int(x) for x in setting.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"OFFRAMP_LLM_HEADS={setting!r}: give `all` or head layers such as "
+        raise SystemExit(f"OFFRAMP_LLM_HEADS={setting!r}: give `all`, `last` or head layers such as "
                          f"{','.join(map(str, llm.heads.layers[-2:]))}") from None
     unknown = sorted(set(layers) - set(llm.heads.layers))
     if not strict:

@@ -155,7 +155,7 @@ def test_heads_are_evaluated_only_when_named(llm):
     from services.worker.llm_service import heads_in_use
 
     assert heads_in_use("", llm) == [] and heads_in_use("all", llm) == [2, 4]
-    assert heads_in_use("4", llm) == [4]
+    assert heads_in_use("4", llm) == [4] and heads_in_use("last", llm) == [4]
     for bad in ("3", "x"):
         with pytest.raises(SystemExit, match="OFFRAMP_LLM_HEADS"):
             heads_in_use(bad, llm)

@@ -80,6 +80,8 @@ class Config:
     # with helios_eval_prompts requests on each candidate (004 §3.3: 150 and 5)
     helios_ri: int = 150
     helios_eval_prompts: int = 5
+    # a candidate meets HELIOS's SLO only within this share of the best one's perplexity
+    helios_ppl_rise: float = 0.05
 
     def as_env(self) -> dict[str, str]:
         """The environment a child service needs to see this same configuration."""
@@ -126,6 +128,7 @@ class Config:
             "OFFRAMP_LLM_DEPTH": str(self.llm_depth),
             "OFFRAMP_HELIOS_RI": str(self.helios_ri),
             "OFFRAMP_HELIOS_EVAL_PROMPTS": str(self.helios_eval_prompts),
+            "OFFRAMP_HELIOS_PPL_RISE": str(self.helios_ppl_rise),
         }
         if self.nats_url:
             env["OFFRAMP_NATS_URL"] = self.nats_url
@@ -245,6 +248,7 @@ def _load() -> Config:
         llm_depth=_non_negative("OFFRAMP_LLM_DEPTH", "0"),
         helios_ri=_at_least("OFFRAMP_HELIOS_RI", "150", 1),
         helios_eval_prompts=_at_least("OFFRAMP_HELIOS_EVAL_PROMPTS", "5", 1),
+        helios_ppl_rise=_non_negative_float("OFFRAMP_HELIOS_PPL_RISE", "0.05"),
     )
 
 

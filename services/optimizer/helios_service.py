@@ -70,7 +70,8 @@ class Helios:
         full weights, so fully loaded the batch is the worker's slots."""
         full = max(weight_bytes(c, c.n_layers) for c in pool)
         return Settings(self.cfg.helios_ri, self.cfg.helios_eval_prompts,
-                        Slo(family=pool[0].family),
+                        Slo(family=pool[0].family,
+                            max_perplexity_rise=self.cfg.helios_ppl_rise),
                         full + int(self.cfg.kv_budget_mb * 2**20), self.cfg.llm_slot_tokens)
 
     def pool(self, model: str) -> list[Candidate]:

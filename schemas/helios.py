@@ -33,7 +33,10 @@ class GenerationRecord:
     token-level feedback of parallel decoding: for each token emitted at an exit head whose
     position later reached the last layer, ``[exit layer, its confidence, 1 if the full
     model's token is the same else 0]``, in token order; ``first_deviation`` is the first
-    answer token (0-based) the full model disagreed with, None when none did."""
+    answer token (0-based) the full model disagreed with, None when none did.
+    ``judged_logprob``: the served model's own log-probability of the same tokens
+    (teacher-forced) when another candidate answered while the worker held the served model
+    as judge (HELIOS's evaluation), so that candidates' perplexities compare; else None."""
 
     id: str
     t: float                  # unix seconds the router received it
@@ -51,6 +54,7 @@ class GenerationRecord:
     memory_bytes: int = 0     # resident weights plus this stream's KV cache
     feedback: list[tuple[int, float, int]] = field(default_factory=list)
     first_deviation: int | None = None
+    judged_logprob: float | None = None
 
     @property
     def checked(self) -> int:
@@ -72,7 +76,9 @@ class GenerationRecord:
                 "memory_bytes": int(self.memory_bytes),
                 "feedback": [[int(k), float(c), int(a)] for k, c, a in self.feedback],
                 "first_deviation": (None if self.first_deviation is None
-                                    else int(self.first_deviation))}
+                                    else int(self.first_deviation)),
+                "judged_logprob": (None if self.judged_logprob is None
+                                   else float(self.judged_logprob))}
 
     @classmethod
     def from_map(cls, rec: Any, i: int) -> GenerationRecord:
@@ -95,7 +101,7 @@ class GenerationRecord:
                    duration_ms=r.number("duration_ms"), logprob=r.number("logprob"),
                    exits={k: int(v) for k, v in exits.items()}, breach_at=breach_at,
                    memory_bytes=r.integer("memory_bytes"), feedback=feedback,
-                   first_deviation=first)
+                   first_deviation=first, judged_logprob=r.number("judged_logprob", None))
 
 
 def _triples(r: FieldReader, name: str) -> list[list[float]]:

@@ -143,7 +143,7 @@ def generation_row(telemetry: GenerationTelemetry, r: GenerationRecord) -> dict:
             "ttft_ms": r.ttft_ms, "tpot_ms": r.tpot_ms, "duration_ms": r.duration_ms,
             "logprob": r.logprob, "exits": r.exits, "breaches": len(r.breach_at),
             "memory_bytes": r.memory_bytes, "checked": r.checked, "agreed": r.agreed,
-            "first_deviation": r.first_deviation}
+            "first_deviation": r.first_deviation, "judged_logprob": r.judged_logprob}
 
 
 async def subscribe(nc: Client):

@@ -43,13 +43,14 @@ def pht_row(assessment: int, candidate: str, depth: int,
     its length, not the worker's throughput over concurrent streams (which depends on the
     load, not on the candidate). ``ttft_ms`` is the mean over streams (one first token
     each); ``tpot_ms`` the mean over tokens; ``perplexity`` exp of the mean negative
-    log-probability per token; ``memory_bytes`` the largest stream's (weights plus its KV
-    cache: what must fit)."""
+    log-probability per token, judged by the served model where it judged (another
+    candidate's evaluation streams: so candidates compare) else by the candidate itself;
+    ``memory_bytes`` the largest stream's (weights plus its KV cache: what must fit)."""
     tokens = sum(int(s["tokens"]) for s in streams)
     if tokens <= 0:
         return None
     duration_ms = sum(float(s["duration_ms"]) for s in streams)
-    nll = -sum(float(s["logprob"]) for s in streams) / tokens
+    nll = -sum(float(_judged(s)) for s in streams) / tokens
     return {"candidate": candidate, "assessment": assessment, "loaded_depth": depth,
             "tokens_per_s": tokens * 1000.0 / duration_ms if duration_ms > 0 else 0.0,
             "ttft_ms": sum(float(s["ttft_ms"]) for s in streams) / len(streams),
@@ -58,6 +59,13 @@ def pht_row(assessment: int, candidate: str, depth: int,
             "exit_distribution": exit_distribution(s["exits"] for s in streams),
             "memory_bytes": max(int(s["memory_bytes"]) for s in streams),
             "tokens": tokens}
+
+
+def _judged(stream: Mapping[str, Any]) -> float:
+    """A stream's log-probability under the served model where another candidate answered
+    and the served model judged it, else under the candidate that answered."""
+    judged = stream.get("judged_logprob")
+    return float(stream["logprob"] if judged is None else judged)
 
 
 def exit_distribution(exits: Iterable[Mapping[Any, int]]) -> dict[int, float]:

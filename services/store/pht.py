@@ -34,7 +34,7 @@ DECISION_KINDS = ("evaluate", "load", "unload", "switch", "stay")
 GENERATION_COLUMNS = ("id", "request_id", "model", "worker", "received_at", "candidate",
                       "depth", "assessment", "prompt_tokens", "tokens", "ttft_ms", "tpot_ms",
                       "duration_ms", "logprob", "exits", "breaches", "memory_bytes", "checked",
-                      "agreed", "first_deviation")
+                      "agreed", "first_deviation", "judged_logprob")
 
 # Which candidate and depth served each request of a model, and why: the decision in force
 # when the request arrived (the newest one at or before it). One query on both back ends.
@@ -83,7 +83,8 @@ def _generation_row(r: Mapping[str, Any]) -> dict[str, Any]:
             "exits": {str(int(k)): int(v) for k, v in r["exits"].items()},
             "breaches": int(r["breaches"]), "memory_bytes": int(r["memory_bytes"]),
             "checked": int(r.get("checked", 0)), "agreed": int(r.get("agreed", 0)),
-            "first_deviation": _opt(int, r.get("first_deviation"))}
+            "first_deviation": _opt(int, r.get("first_deviation")),
+            "judged_logprob": _opt(float, r.get("judged_logprob"))}
 
 
 class HeliosHistory:

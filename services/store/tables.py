@@ -397,3 +397,5 @@ class Generation(Base):
     checked: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     agreed: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     first_deviation: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # the served model's log-probability of these tokens when another candidate answered
+    judged_logprob: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -8,6 +8,13 @@ model, then released down to the decision's depth) while rounds go on with the o
 between two rounds the worker swaps them and re-runs each open stream's prompt and answer
 so far through the new model (a prefill) to rebuild its KV there. The old candidate's
 memory is returned when the swap drops it; for the load's duration both are resident.
+
+While another candidate is *evaluated*, the worker keeps the served model, fully loaded, as
+judge: each stream the other candidate answers is scored by it (one teacher-forced pass,
+``judged_logprob``), so HELIOS compares the candidates' perplexities on one scale. A
+candidate's own perplexity of its own greedy text says little of its quality (the pruned
+SmolLM2 is as sure of its text as the full model of its own). Serving another candidate
+after the evaluation drops the judge, and its memory.
 """
 
 from __future__ import annotations
@@ -61,9 +68,29 @@ def read_candidate(models_dir: Path, name: str, depth: int, threads: int = 0) ->
     """In a worker thread: ``name``'s prepared model, with only layers ``1..depth``
     resident."""
     started = time.perf_counter()
-    llm = load(Path(models_dir) / name, threads)
+    return hold(name, load(Path(models_dir) / name, threads), depth, started)
+
+
+def hold(name: str, llm: LoadedLlm, depth: int, started: float | None = None) -> Held:
+    """``llm`` (all layers resident) kept to ``depth``: a model read now, or the judge the
+    worker already holds."""
+    started = time.perf_counter() if started is None else started
     loader = None
     if depth < llm.manifest.n_layers:
         loader = LayerLoader(llm.model, Path(llm.manifest.base["fp32"]))
         loader.load_to(depth)
     return Held(name, llm, depth, loader, (time.perf_counter() - started) * 1e3)
+
+
+def judged_logprob(llm: LoadedLlm, prompt: list[int], tokens: list[int]) -> float:
+    """In the decoding thread: ``llm``'s natural-log probability of ``tokens`` after
+    ``prompt``, summed (one teacher-forced pass)."""
+    import torch
+
+    if not tokens:
+        return 0.0
+    ids = torch.tensor([prompt + tokens])
+    with torch.inference_mode():
+        logits = llm.model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1:-1]
+        logp = torch.log_softmax(logits.float(), -1)
+        return float(logp.gather(1, torch.tensor(tokens)[:, None]).sum())

@@ -47,7 +47,13 @@ from services.common.service_loop import supervise
 from services.runtime.llm_decoder import LlmDecoder, Sequence, StepResult
 from services.runtime.llm_layers import LayerLoader, Move
 from services.runtime.llm_model import LoadedLlm, load
-from services.worker.llm_candidates import Held, read_candidate, switch_problem
+from services.worker.llm_candidates import (
+    Held,
+    hold,
+    judged_logprob,
+    read_candidate,
+    switch_problem,
+)
 from services.worker.llm_streams import GenStream, prompt_problem
 
 
@@ -106,6 +112,7 @@ class LlmWorker:
         self.candidate = name  # the candidate held: HELIOS may switch to another of its family
         self.resume: set[str] = set()  # open streams to prefill again after a switch
         self.switched: tuple[float, int] | None = None  # (monotonic, streams) of the last swap
+        self.judge: LoadedLlm | None = None  # the served model, kept while others are evaluated
         self.decoder = LlmDecoder(llm.model, llm.heads, loaded_depth(cfg.llm_depth, llm))
         self.tuned: dict[int, float] = {}  # per head: the tuner's generation exit config
         self.config_version = 0
@@ -269,10 +276,41 @@ class LlmWorker:
         for stream, seq in ended:
             del self.active[stream.id]
             memory = self.weight_bytes + self.decoder.kv_bytes(seq)
+            record = stream.record(now, stream.candidate, memory)
+            judge = self._judge_for(stream)
             self._end(stream.reply, stream.router, stream.id,
                       stream.done(now, stream.candidate, stream.depth),
                       self._row(stream.id, stream.received, OK, stream),
-                      stream.record(now, stream.candidate, memory))
+                      record if judge is None else None)
+            if judge is not None:
+                self._send_judged(record, judge, stream)
+
+    def _judge_for(self, stream: GenStream) -> LoadedLlm | None:
+        """The served model, fully loaded, to score a stream another candidate answered."""
+        if stream.candidate == self.name:
+            return None
+        if self.candidate == self.name:
+            return self.llm if self.decoder.depth == self.decoder.n_layers else None
+        return self.judge
+
+    def _send_judged(self, record: GenerationRecord, judge: LoadedLlm,
+                     stream: GenStream) -> None:
+        """``record`` with the judge's log-probability of its tokens, once the decoding
+        thread scored them (between rounds); unscored if scoring fails."""
+        future = asyncio.get_running_loop().run_in_executor(
+            self.decoding, judged_logprob, judge, list(stream.prompt), list(stream.tokens))
+
+        def send(done: asyncio.Future) -> None:
+            try:
+                record.judged_logprob = done.result()
+            except Exception as exc:  # noqa: BLE001 - the record still counts, unjudged
+                self.log.error("cannot judge stream %s: %r", record.id, exc)
+            self.records_sent += 1
+            publish_all(self.nc, [(subjects.telemetry_generation(self.name),
+                                   GenerationTelemetry(self.name, self.id, [record]).encode(),
+                                   f"{self.id}:j{self.records_sent}")], self.log)
+
+        future.add_done_callback(send)
 
     # ------------------------------------------------------------------ thresholds
 
@@ -337,7 +375,7 @@ class LlmWorker:
             try:
                 done = future.result()
                 if isinstance(done, Held):
-                    self._switch(done)
+                    self._switch(done, choice.kind == "evaluate")
                 self._serve(choice, None if isinstance(done, Held) else done)
             except Exception as exc:  # noqa: BLE001 - keep serving what is loaded
                 self.log.error("cannot load %s to depth %s: %r", choice.candidate,
@@ -346,8 +384,14 @@ class LlmWorker:
             return
         choice, self.next_choice = self.next_choice, None
         if choice.candidate != self.candidate:
-            future = loop.run_in_executor(None, read_candidate, self.cfg.models_dir,
-                                          choice.candidate, choice.depth, self.cfg.ort_threads)
+            if choice.candidate == self.name and self.judge is not None:  # back: no read
+                # in the decoding thread: the judge may be scoring a stream
+                future = loop.run_in_executor(self.decoding, hold, self.name, self.judge,
+                                              choice.depth)
+            else:
+                future = loop.run_in_executor(None, read_candidate, self.cfg.models_dir,
+                                              choice.candidate, choice.depth,
+                                              self.cfg.ort_threads)
             future.add_done_callback(lambda _f: self.wake.set())
             self.loading = (choice, future)
             return
@@ -359,11 +403,16 @@ class LlmWorker:
         future.add_done_callback(lambda _f: self.wake.set())
         self.loading = (choice, future)
 
-    def _switch(self, held: Held) -> None:
+    def _switch(self, held: Held, evaluating: bool) -> None:
         """Between rounds: serve ``held`` from the next round on. Each open stream's prompt
         and answer so far run through it again (one prefill), so its KV is the new model's;
-        its tokens, counted on the candidate it started with, go on."""
+        its tokens, counted on the candidate it started with, go on. While ``evaluating``
+        another candidate the served model stays as judge (fully loaded only)."""
         old = self.candidate
+        if held.name == self.name or not evaluating:
+            self.judge = None
+        elif old == self.name and self.decoder.depth == self.decoder.n_layers:
+            self.judge = self.llm
         self.llm, self.candidate, self.loader = held.llm, held.name, held.loader
         self.decoder = LlmDecoder(held.llm.model, held.llm.heads, held.depth)
         self.heads = heads_in_use(self.cfg.llm_heads, held.llm, strict=False)

@@ -36,15 +36,15 @@ def models(tmp_path_factory) -> Path:
     return folder
 
 
-def _run(models: Path, plan) -> tuple[list, list]:
+def _run(models: Path, plan, writes: list | None = None) -> tuple[list, list]:
     """Serve on a worker of ``MODEL``; ``plan(worker, submit)`` drives it. Returns (the
-    worker's writes, [worker])."""
+    worker's writes, also in ``writes`` as they happen, and [worker])."""
     import services.worker.llm_service as svc
     from services.runtime.llm_model import load
 
     cfg = dataclasses.replace(config_mod.load(), models_dir=models, kv_budget_mb=64,
                               llm_heads="", llm_threshold=1.0)
-    writes: list[list[tuple[str, bytes]]] = []
+    writes = [] if writes is None else writes
     held: list = []
 
     async def go() -> None:
@@ -177,3 +177,26 @@ def test_a_switch_it_cannot_make_is_refused_and_nothing_changes(models, caplog, 
     assert w.candidate == MODEL and w.choice is None
     assert any(why in r.getMessage() for r in caplog.records)
     assert _records(writes, "r")[0][0].variant == "tiny-llm@6"
+
+
+def test_an_evaluated_candidates_streams_are_judged_by_the_served_model(models):
+    async def plan(w, submit) -> None:
+        w.on_choice(SimpleNamespace(data=HeliosChoice(MODEL, 3, "evaluate", "tiny-twin", 6,
+                                                      1).encode()))
+        while w.candidate != "tiny-twin" or w.choice is None:
+            await asyncio.sleep(0.002)
+        assert w.judge is not None  # the served model, kept while the twin is evaluated
+        submit(GenerateRequest("e", MODEL, 6, prompt="The sea"))
+        while not _records(writes_so_far, "e")[1]:
+            await asyncio.sleep(0.005)
+        w.on_choice(_choice(4, MODEL))  # back to the served model: the judge, no read
+        while w.candidate != MODEL:
+            await asyncio.sleep(0.002)
+
+    writes_so_far: list = []
+    writes, (w,) = _run(models, plan, writes_so_far)
+    rows, (gen,) = _records(writes, "e")
+    assert rows[0].variant == "tiny-twin@6" and gen.candidate == "tiny-twin"
+    # the twin has the served model's weights: the judge's log-probability is its own
+    assert gen.judged_logprob == pytest.approx(gen.logprob, abs=1e-3) and gen.logprob < 0
+    assert w.judge is None and w.candidate == MODEL

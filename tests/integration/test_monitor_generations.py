@@ -23,7 +23,7 @@ LOG = logging.getLogger("test")
 T = 1_900_000_000.25
 SERVED = GenerationRecord("g-1", T, "opt-1.3b", 12, 3, prompt_tokens=7, tokens=5, ttft_ms=40.0,
                           tpot_ms=20.0, duration_ms=120.0, logprob=-2.5, exits={6: 3, 12: 2},
-                          breach_at=[1, 4], memory_bytes=3_000_000_000)
+                          breach_at=[1, 4], memory_bytes=3_000_000_000, judged_logprob=-3.5)
 OUTSIDE = dataclasses.replace(SERVED, id="g-2", assessment=None, breach_at=[])
 
 
@@ -52,10 +52,11 @@ def test_generation_telemetry_becomes_rows_once(store: Store, tmp_path: Path) ->
     assert consumer == {"ack_pending": 0, "pending": 0}  # the poison message too
     (served,) = store.generations("chat", 3)
     assert {k: served[k] for k in ("request_id", "worker", "candidate", "depth", "tokens",
-                                   "exits", "breaches", "memory_bytes", "logprob")} == {
+                                   "exits", "breaches", "memory_bytes", "logprob",
+                                   "judged_logprob")} == {
         "request_id": "g-1", "worker": "chat-s0-abcdef", "candidate": "opt-1.3b", "depth": 12,
         "tokens": 5, "exits": {6: 3, 12: 2}, "breaches": 2, "memory_bytes": 3_000_000_000,
-        "logprob": -2.5}
+        "logprob": -2.5, "judged_logprob": -3.5}
     assert served["received_at"] == datetime.fromtimestamp(T, UTC).replace(tzinfo=None)
     with store.engine.connect() as conn:  # g-2 is stored too, outside any assessment
         rows = conn.exec_driver_sql(

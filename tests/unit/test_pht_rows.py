@@ -69,3 +69,11 @@ def test_odd_streams_give_finite_rows():
 def test_exit_distribution_sums_counts_of_int_and_string_layers():
     assert exit_distribution([{6: 1}, {"6": 1, "24": 2}]) == {6: 0.5, 24: 0.5}
     assert exit_distribution([{}, {}]) == {}
+
+
+def test_perplexity_is_the_served_models_where_it_judged_another_candidate():
+    judged = {**SMALL_B, "judged_logprob": -35.0}  # the served model finds the text worse
+    (row,) = pht_rows_from_generations([SMALL_A, judged])
+    assert row["perplexity"] == pytest.approx(math.exp(40 / 40))  # -(-5 - 35) / 40 tokens
+    (row,) = pht_rows_from_generations([SMALL_A, {**SMALL_B, "judged_logprob": None}])
+    assert row["perplexity"] == pytest.approx(math.exp(20 / 40))

@@ -764,7 +764,7 @@ def test_deployment_plan_fields() -> None:
 
 GENERATIONS = GenerationTelemetry("chat", "chat-s0-abcdef", [
     GenerationRecord("g-1", 1700000000.5, "opt-1.3b", 12, 3, 7, 5, 40.0, 20.0, 120.0, -2.5,
-                     {6: 3, 12: 2}, [1, 4], 3_000_000_000),
+                     {6: 3, 12: 2}, [1, 4], 3_000_000_000, judged_logprob=-3.75),
     GenerationRecord("g-2", 1700000001.0, "opt-1.3b", 12, None, 4, 1, 35.0, 0.0, 35.0, -0.25,
                      {12: 1}, [], 2_900_000_000),
 ])

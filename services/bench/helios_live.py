@@ -20,7 +20,8 @@ store under ``$OFFRAMP_HOME/bench-helios-live``), one after the other:
 - ``helios``: ``offramp up --adapt`` serving the first candidate (HELIOS service and tuner,
   RI and evaluation share from ``--ri``/``--eval-prompts``), the other ``--models`` in its
   repository: HELIOS chooses the candidate and its loaded depth, and the worker switches
-  (each switch's background read and the open streams' pause are reported).
+  (each switch's background read, and how long its open streams took to end on the
+  candidate they started on, are reported).
 
 Per policy: wall time, tokens/s, TTFT/TPOT percentiles (the done messages' timings), failed
 requests with their errors, the depth each request was served at, HELIOS's decisions (its
@@ -399,9 +400,9 @@ def worker_log(log: Path, depths: dict[str, int], clients: int) -> dict[str, Any
         elif (sw := _log_fields(line, " helios switch ")) is not None:
             switches.append({"from": sw.get("previous"), "to": sw.get("candidate"),
                              "depth": int(sw["depth"]), "read_ms": float(sw["read_ms"]),
-                             "open_streams": int(sw["resumed"])})
-        elif (r := _log_fields(line, " helios resumed ")) is not None and switches:
-            switches[-1]["pause_ms"] = float(r["pause_ms"])
+                             "open_streams": int(sw["draining"])})
+        elif (r := _log_fields(line, " helios drained ")) is not None and switches:
+            switches[-1]["drain_ms"] = float(r["ms"])
         elif (d := _log_fields(line, " helios decision ")) is not None:
             slots[d["depth"]] = int(d["slots"])
             served.append({"decision": int(d["decision"]), "kind": d["kind"],
@@ -571,8 +572,9 @@ def table(doc: dict[str, Any]) -> str:
             lines.append(f"  {d['at_s']:>7.1f} s  {d['kind']:<8} {d['candidate']}@{d['depth']} "
                          f"assessment {d['assessment']}, batch {d['batch']}{moved}")
         lines += [f"  switch {w['from']} -> {w['to']}@{w['depth']}: read {w['read_ms']:.0f} ms "
-                  f"in the background, {w['open_streams']} open streams paused "
-                  f"{_fmt(w.get('pause_ms'), '.0f')} ms" for w in p.get("switches", [])]
+                  f"in the background; {w['open_streams']} open streams ended on "
+                  f"{w['from']} within {_fmt(w.get('drain_ms'), '.0f')} ms"
+                  for w in p.get("switches", [])]
     return "\n".join(lines)
 
 

@@ -2,12 +2,12 @@
 switches (``switch``, or ``evaluate`` of another candidate).
 
 A worker serves one model's subject (``offramp.generate.<model>``) but may hold any prepared
-candidate that shares the model's tokenizer: the streams in flight are token ids, and they
-go on under the new candidate. The new candidate is loaded in another thread (its whole
-model, then released down to the decision's depth) while rounds go on with the old one;
-between two rounds the worker swaps them and re-runs each open stream's prompt and answer
-so far through the new model (a prefill) to rebuild its KV there. The old candidate's
-memory is returned when the swap drops it; for the load's duration both are resident.
+candidate that shares the model's tokenizer. The new candidate is loaded in another thread
+(its whole model, then released down to the decision's depth) while rounds go on with the
+old one; between two rounds the worker swaps them: new streams start on the new candidate,
+and the open ones end on the one they started on (``Draining``), stepped in the same rounds
+by its own decoder, so no stream pauses and each is answered by one candidate. The old
+candidate's memory is returned when its last stream ends; until then both are resident.
 
 While another candidate is *evaluated*, the worker keeps the served model, fully loaded, as
 judge: each stream the other candidate answers is scored by it (one teacher-forced pass,
@@ -22,11 +22,27 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from services.runtime.llm_footprint import family
 from services.runtime.llm_layers import LayerLoader
 from services.runtime.llm_manifest import LlmManifest, load_if_intact
 from services.runtime.llm_model import LoadedLlm, load
+
+
+@dataclass
+class Draining:
+    """The candidate switched from, kept until its open streams (``ids``) end: its model,
+    decoder, head thresholds, weight bytes and end-of-sequence tokens, since ``since``."""
+
+    name: str
+    llm: LoadedLlm
+    decoder: Any
+    thresholds: dict[int, float]
+    weight_bytes: int
+    eos: frozenset[int]
+    ids: set[str]
+    since: float
 
 
 @dataclass

@@ -21,6 +21,7 @@ import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from nats.aio.client import Client
@@ -48,6 +49,7 @@ from services.runtime.llm_decoder import LlmDecoder, Sequence, StepResult
 from services.runtime.llm_layers import LayerLoader, Move
 from services.runtime.llm_model import LoadedLlm, load
 from services.worker.llm_candidates import (
+    Draining,
     Held,
     hold,
     judged_logprob,
@@ -110,8 +112,7 @@ class LlmWorker:
         self.nc, self.cfg, self.name, self.llm, self.log = nc, cfg, name, llm, log
         self.id = f"{name}-llm-{uuid.uuid4().hex[:6]}"
         self.candidate = name  # the candidate held: HELIOS may switch to another of its family
-        self.resume: set[str] = set()  # open streams to prefill again after a switch
-        self.switched: tuple[float, int] | None = None  # (monotonic, streams) of the last swap
+        self.old: Draining | None = None  # the candidate switched from, ending its streams
         self.judge: LoadedLlm | None = None  # the served model, kept while others are evaluated
         self.decoder = LlmDecoder(llm.model, llm.heads, loaded_depth(cfg.llm_depth, llm))
         self.tuned: dict[int, float] = {}  # per head: the tuner's generation exit config
@@ -221,9 +222,7 @@ class LlmWorker:
             new = [self.waiting.popleft()
                    for _ in range(min(len(self.waiting), self.slots - len(self.active)))]
             seqs = {s.id: Sequence(s.id, list(s.prompt)) for s in new}
-            running = [(s, q) for s, q in self.active.values() if s.id not in self.resume]
-            seqs.update({i: self.active[i][1] for i in self.resume if i in self.active})
-            self.resume.clear()
+            running = list(self.active.values())
             for s in new:  # open from here on: heartbeats list them
                 self.active[s.id] = (s, seqs[s.id])
                 s.candidate, s.depth = self.candidate, self.decoder.depth
@@ -244,38 +243,41 @@ class LlmWorker:
     def _round(self, new: list[Sequence], running: list[Sequence]) -> list[StepResult]:
         """In a thread: first tokens of ``new``, the next token of ``running``."""
         results = self.decoder.prefill(new) if new else []
-        if running:
-            results += self.decoder.step(running, self.thresholds)
+        old = self.old
+        theirs = [q for q in running if old is not None and q.request_id in old.ids]
+        mine = [q for q in running if old is None or q.request_id not in old.ids]
+        if mine:
+            results += self.decoder.step(mine, self.thresholds)
+        if theirs:
+            results += old.decoder.step(theirs, old.thresholds)
         self.rounds += 1
         return results
 
     def _publish_round(self, out: list[StepResult]) -> None:
         now = time.monotonic()
-        if self.switched is not None:  # the open streams' pause: the swap to their next token
-            self.log.info("helios resumed %s", logs.kv(
-                streams=self.switched[1], pause_ms=round((now - self.switched[0]) * 1e3, 1)))
-            self.switched = None
         messages: list[tuple[str, bytes]] = []
-        ended: list[tuple[GenStream, Sequence]] = []
-        n_layers, depth = self.decoder.n_layers, self.decoder.depth
-        need = self.tuned.get(depth, self.threshold)  # the loaded depth's head, as tuned
+        ended: list[tuple[GenStream, Sequence, Any]] = []
         for r in out:
             rid, token, layers, confidence = r.request_id, r.token, r.exit_layer, r.confidence
             stream, seq = self.active[rid]
+            by = self.old if self.old is not None and rid in self.old.ids else self
+            n_layers, depth = by.decoder.n_layers, by.decoder.depth
             for f in r.feedback:  # early tokens whose positions reached the last layer
                 stream.check(f.position - len(stream.prompt), f.exit_layer,
                              f.emitted_token == f.full_token)
             # a token that reached a partial depth's head unsure needed layers not loaded
+            need = self.tuned.get(depth, self.threshold)  # the loaded depth's head, as tuned
             breach = layers == depth < n_layers and confidence < need
             messages.append((stream.reply, stream.add(token, layers, now,
-                                                      self.llm.tokenizer.decode, self.eos,
+                                                      by.llm.tokenizer.decode, by.eos,
                                                       confidence, breach)))
             if stream.finish:
-                ended.append((stream, seq))
+                ended.append((stream, seq, by))
         publish_all(self.nc, messages, self.log)
-        for stream, seq in ended:
+        for stream, seq, by in ended:
             del self.active[stream.id]
-            memory = self.weight_bytes + self.decoder.kv_bytes(seq)
+            memory = by.weight_bytes + by.decoder.kv_bytes(seq)
+            self._drained(stream.id, now)
             record = stream.record(now, stream.candidate, memory)
             judge = self._judge_for(stream)
             self._end(stream.reply, stream.router, stream.id,
@@ -384,6 +386,9 @@ class LlmWorker:
             return
         choice, self.next_choice = self.next_choice, None
         if choice.candidate != self.candidate:
+            if self.old is not None:  # one candidate drains at a time
+                self.next_choice = choice
+                return
             if choice.candidate == self.name and self.judge is not None:  # back: no read
                 # in the decoding thread: the judge may be scoring a stream
                 future = loop.run_in_executor(self.decoding, hold, self.name, self.judge,
@@ -413,17 +418,26 @@ class LlmWorker:
             self.judge = None
         elif old == self.name and self.decoder.depth == self.decoder.n_layers:
             self.judge = self.llm
+        if self.active:  # they end on the candidate they started on, beside the new one
+            self.old = Draining(old, self.llm, self.decoder, dict(self.thresholds),
+                                self.weight_bytes, self.eos, set(self.active), time.monotonic())
         self.llm, self.candidate, self.loader = held.llm, held.name, held.loader
         self.decoder = LlmDecoder(held.llm.model, held.llm.heads, held.depth)
         self.heads = heads_in_use(self.cfg.llm_heads, held.llm, strict=False)
         self.eos = held.llm.eos
-        for rid, (stream, _) in list(self.active.items()):
-            self.active[rid] = (stream, Sequence(rid, stream.prompt + stream.tokens))
-            self.resume.add(rid)
-        self.switched = (time.monotonic(), len(self.resume))
         self.log.info("helios switch %s", logs.kv(
             previous=old, candidate=held.name, depth=held.depth, read_ms=round(held.ms, 1),
-            resumed=len(self.resume)))
+            draining=len(self.active)))
+
+    def _drained(self, rid: str, now: float) -> None:
+        """A stream of the candidate switched from ended; the last one releases it."""
+        if self.old is None or rid not in self.old.ids:
+            return
+        self.old.ids.discard(rid)
+        if not self.old.ids:
+            self.log.info("helios drained %s", logs.kv(
+                candidate=self.old.name, ms=round((now - self.old.since) * 1e3, 1)))
+            self.old = None
 
     def _serve(self, choice: HeliosChoice, move: Move | None) -> None:
         """From the next round on: ``choice``'s depth, its heads and its slots."""

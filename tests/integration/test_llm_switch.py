@@ -1,7 +1,7 @@
 """HELIOS switches an LLM worker to another candidate of its family mid-stream: the new
-candidate is read in the background, the open streams go on under it (their prompt and
-answer so far prefilled again) and are counted on the candidate they started on; a
-candidate that is not prepared or has another tokenizer is refused and nothing changes."""
+candidate is read in the background, new streams start on it while the open ones end on the
+candidate they started on; an evaluated candidate's answers are judged by the served model;
+a candidate that is not prepared or has another tokenizer is refused and nothing changes."""
 
 from __future__ import annotations
 
@@ -134,11 +134,12 @@ def test_a_switch_mid_stream_goes_on_exactly_under_the_new_candidate(models, mon
     with caplog.at_level(logging.INFO, logger="t"):
         writes, (w,) = _run(models, plan)
     assert w.candidate == "tiny-twin" and w.choice.candidate == "tiny-twin"
-    assert any("resumed=1" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("draining=1" in m for m in said)  # "a" was open at the switch ...
+    assert any("helios drained candidate=tiny-llm" in m for m in said)  # ... and ended there
     want = _until_eos(_greedy(models, prompt, 30), w.eos)
     got = _tokens(writes, "a")
-    # the twin has the same weights: the stream's tokens are greedy decoding's, across the
-    # switch, so the KV it rebuilt by prefilling the answer so far is the model's own
+    # the open stream ends on the candidate it started on, stepped beside the new one
     assert got == want and len(got) > 3
     rows, gens = _records(writes, "a")
     assert rows[0].variant == "tiny-llm@6" and gens[0].candidate == "tiny-llm"  # started there

@@ -113,6 +113,7 @@ class LlmWorker:
         self.id = f"{name}-llm-{uuid.uuid4().hex[:6]}"
         self.candidate = name  # the candidate held: HELIOS may switch to another of its family
         self.old: Draining | None = None  # the candidate switched from, ending its streams
+        self.started = 0  # streams started under the decision in force
         self.judge: LoadedLlm | None = None  # the served model, kept while others are evaluated
         self.decoder = LlmDecoder(llm.model, llm.heads, loaded_depth(cfg.llm_depth, llm))
         self.tuned: dict[int, float] = {}  # per head: the tuner's generation exit config
@@ -227,6 +228,9 @@ class LlmWorker:
                 self.active[s.id] = (s, seqs[s.id])
                 s.candidate, s.depth = self.candidate, self.decoder.depth
                 s.assessment = getattr(self.choice, "assessment", None)
+            self.started += len(new)
+            if self._evaluated_enough():
+                self._back_to_judge()
             try:
                 out = await loop.run_in_executor(self.decoding, self._round, list(seqs.values()),
                                                  [q for _, q in running])
@@ -387,6 +391,8 @@ class LlmWorker:
         choice, self.next_choice = self.next_choice, None
         if choice.candidate != self.candidate:
             if self.old is not None:  # one candidate drains at a time
+                if self.old.name == choice.candidate:  # wanted again: no read
+                    self._take_back()
                 self.next_choice = choice
                 return
             if choice.candidate == self.name and self.judge is not None:  # back: no read
@@ -408,19 +414,20 @@ class LlmWorker:
         future.add_done_callback(lambda _f: self.wake.set())
         self.loading = (choice, future)
 
-    def _switch(self, held: Held, evaluating: bool) -> None:
-        """Between rounds: serve ``held`` from the next round on. Each open stream's prompt
-        and answer so far run through it again (one prefill), so its KV is the new model's;
-        its tokens, counted on the candidate it started with, go on. While ``evaluating``
-        another candidate the served model stays as judge (fully loaded only)."""
+    def _switch(self, held: Held, evaluating: bool, keep: frozenset[str] = frozenset()) -> None:
+        """Between rounds: new streams start on ``held`` from the next round on; the open
+        ones (but ``keep``, already ``held``'s) end on the candidate they started on, beside
+        it. While ``evaluating`` another candidate the served model stays as judge (fully
+        loaded only)."""
         old = self.candidate
         if held.name == self.name or not evaluating:
             self.judge = None
         elif old == self.name and self.decoder.depth == self.decoder.n_layers:
             self.judge = self.llm
-        if self.active:  # they end on the candidate they started on, beside the new one
+        if set(self.active) - keep:
             self.old = Draining(old, self.llm, self.decoder, dict(self.thresholds),
-                                self.weight_bytes, self.eos, set(self.active), time.monotonic())
+                                self.weight_bytes, self.eos, set(self.active) - keep,
+                                time.monotonic())
         self.llm, self.candidate, self.loader = held.llm, held.name, held.loader
         self.decoder = LlmDecoder(held.llm.model, held.llm.heads, held.depth)
         self.heads = heads_in_use(self.cfg.llm_heads, held.llm, strict=False)
@@ -428,6 +435,34 @@ class LlmWorker:
         self.log.info("helios switch %s", logs.kv(
             previous=old, candidate=held.name, depth=held.depth, read_ms=round(held.ms, 1),
             draining=len(self.active)))
+
+    def _take_back(self) -> None:
+        """The candidate draining is wanted again: it takes new streams at once (no read)
+        and keeps its open ones; the current candidate's streams end on it instead."""
+        old, self.old = self.old, None
+        self._switch(Held(old.name, old.llm, old.decoder.depth), False, frozenset(old.ids))
+
+    def _evaluated_enough(self) -> bool:
+        """Another candidate under evaluation has started its share of streams
+        (``OFFRAMP_HELIOS_EVAL_PROMPTS``) and the served model is at hand as judge."""
+        c = self.choice
+        return (c is not None and c.kind == "evaluate" and c.candidate == self.candidate
+                != self.name and self.judge is not None and self.loading is None
+                and self.started >= self.cfg.helios_eval_prompts)
+
+    def _back_to_judge(self) -> None:
+        """After an evaluation's share, new streams go to the served model (fully loaded, as
+        it evaluated) until HELIOS decides; the evaluated candidate's streams end on it.
+        HELIOS counts a stream when it ends, so without this every stream that starts
+        while it waits for the last ones and the PHT would go to the evaluated candidate."""
+        if self.old is not None and self.old.llm is self.judge:
+            self._take_back()
+        else:
+            judge = self.judge
+            self._switch(Held(self.name, judge, judge.manifest.n_layers), False)
+        self._resize()
+        self.log.info("helios evaluation share started %s", logs.kv(
+            candidate=self.choice.candidate, streams=self.started, back_to=self.name))
 
     def _drained(self, rid: str, now: float) -> None:
         """A stream of the candidate switched from ended; the last one releases it."""
@@ -444,22 +479,26 @@ class LlmWorker:
         if self.choice is choice:
             return
         self.decoder.set_depth(choice.depth)
-        self.weight_bytes = self.decoder.weight_bytes()
-        self.choice = choice
+        self.choice, self.started = choice, 0
         if choice.threshold is not None:
             self.threshold = choice.threshold
         # the heads scored stay the operator's, evaluation included: each costs a vocabulary
         # projection per token, and an untuned early head at a low threshold would answer
         # clients' evaluation requests badly; the exit distribution is over these heads
-        self.thresholds = self._thresholds()
-        self.slots = slots_for(self.llm, self.cfg.kv_budget_mb, self.cfg.llm_slot_tokens,
-                               choice.depth)
+        self._resize()
         moved = {} if move is None else {"loaded_mb": move.loaded_bytes / 2**20,
                                          "load_ms": round(move.ms, 1)}
         self.log.info("helios decision %s", logs.kv(
             decision=choice.decision, kind=choice.kind, candidate=choice.candidate,
             depth=choice.depth,
             assessment=choice.assessment, slots=self.slots, **moved))
+
+    def _resize(self) -> None:
+        """Weight bytes, scored heads and slots of the candidate and depth held."""
+        self.weight_bytes = self.decoder.weight_bytes()
+        self.thresholds = self._thresholds()
+        self.slots = slots_for(self.llm, self.cfg.kv_budget_mb, self.cfg.llm_slot_tokens,
+                               self.decoder.depth)
 
     # ------------------------------------------------------------------ liveness
 

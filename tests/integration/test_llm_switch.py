@@ -201,3 +201,45 @@ def test_an_evaluated_candidates_streams_are_judged_by_the_served_model(models):
     # the twin has the served model's weights: the judge's log-probability is its own
     assert gen.judged_logprob == pytest.approx(gen.logprob, abs=1e-3) and gen.logprob < 0
     assert w.judge is None and w.candidate == MODEL
+
+
+def test_after_its_share_of_streams_an_evaluated_candidate_hands_new_ones_back(models,
+                                                                              monkeypatch,
+                                                                              caplog):
+    import services.worker.llm_service as svc
+
+    original = svc.LlmWorker._round
+
+    def slow(self, new, running):  # the evaluated streams are still open at the hand-back
+        time.sleep(0.01)
+        return original(self, new, running)
+
+    monkeypatch.setattr(svc.LlmWorker, "_round", slow)
+
+    async def plan(w, submit) -> None:
+        w.cfg = dataclasses.replace(w.cfg, helios_eval_prompts=2)
+        w.on_choice(SimpleNamespace(data=HeliosChoice(MODEL, 3, "evaluate", "tiny-twin", 6,
+                                                      1).encode()))
+        while w.candidate != "tiny-twin" or w.choice is None:
+            await asyncio.sleep(0.002)
+        for rid in ("e1", "e2"):
+            submit(GenerateRequest(rid, MODEL, 20, prompt="The sea"))
+            rounds = w.rounds
+            while w.rounds == rounds:
+                await asyncio.sleep(0.001)
+        assert w.candidate == MODEL and w.old is not None  # back; e1 and e2 end on the twin
+        submit(GenerateRequest("e3", MODEL, 4, prompt="The sea"))
+        while not all(_records(sent, rid)[1] for rid in ("e1", "e2")):  # judged, then sent
+            await asyncio.sleep(0.005)
+
+    sent: list = []
+    with caplog.at_level(logging.INFO, logger="t"):
+        writes, (w,) = _run(models, plan, sent)
+    assert any("helios evaluation share started" in r.getMessage() for r in caplog.records)
+    assert w.choice.kind == "evaluate" and w.choice.candidate == "tiny-twin"  # still in force
+    for rid in ("e1", "e2"):
+        rows, (gen,) = _records(writes, rid)
+        assert rows[0].variant == "tiny-twin@6" and gen.judged_logprob is not None
+    rows, (gen,) = _records(writes, "e3")
+    assert rows[0].variant == "tiny-llm@6" and gen.assessment == 1
+    assert w.old is None  # drained

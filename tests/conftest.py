@@ -66,10 +66,11 @@ def supernet_dir(models_dir) -> Path:
 
 
 def llm_twin(models_dir: Path, name: str, source: str = "tiny-llm",
-             tokenizer_change: bool = False) -> Path:
+             tokenizer_change: bool = False, perturb: bool = False) -> Path:
     """A prepared generative model copied under another candidate name (same weights, so
     same tokens); with ``tokenizer_change`` it gets its own base folder whose tokenizer
-    differs (another family)."""
+    differs (another family); with ``perturb`` its own base folder whose weights differ
+    (same tokenizer: another candidate of the family, with other tokens)."""
     import json
     import shutil
 
@@ -88,5 +89,17 @@ def llm_twin(models_dir: Path, name: str, source: str = "tiny-llm",
         (base / "tokenizer.json").write_text(json.dumps(tok))
         manifest["base"] = {"fp32": str(base)}
         manifest["tokenizer"] = str(base)
+    if perturb:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        base = models_dir / name / "base"
+        model = AutoModelForCausalLM.from_pretrained(manifest["base"]["fp32"],
+                                                     dtype=torch.float32)
+        with torch.no_grad():
+            for p in model.model.layers[-1].parameters():
+                p.mul_(-1.5)
+        model.save_pretrained(base)
+        manifest["base"] = {"fp32": str(base)}
     path.write_text(json.dumps(manifest))
     return models_dir / name

@@ -216,12 +216,13 @@ class LlmWorker:
         loop = asyncio.get_running_loop()
         while not stop.is_set():
             self._follow_choices(loop)
+            if self._evaluated_enough():  # before admitting: new streams go to the judge
+                self._back_to_judge()
             if not self.waiting and not self.active:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
-            new = [self.waiting.popleft()
-                   for _ in range(min(len(self.waiting), self.slots - len(self.active)))]
+            new = [self.waiting.popleft() for _ in range(min(len(self.waiting), self._room()))]
             seqs = {s.id: Sequence(s.id, list(s.prompt)) for s in new}
             running = list(self.active.values())
             for s in new:  # open from here on: heartbeats list them
@@ -229,8 +230,6 @@ class LlmWorker:
                 s.candidate, s.depth = self.candidate, self.decoder.depth
                 s.assessment = getattr(self.choice, "assessment", None)
             self.started += len(new)
-            if self._evaluated_enough():
-                self._back_to_judge()
             try:
                 out = await loop.run_in_executor(self.decoding, self._round, list(seqs.values()),
                                                  [q for _, q in running])
@@ -442,13 +441,22 @@ class LlmWorker:
         old, self.old = self.old, None
         self._switch(Held(old.name, old.llm, old.decoder.depth), False, frozenset(old.ids))
 
-    def _evaluated_enough(self) -> bool:
-        """Another candidate under evaluation has started its share of streams
-        (``OFFRAMP_HELIOS_EVAL_PROMPTS``) and the served model is at hand as judge."""
+    def _evaluating_other(self) -> bool:
+        """Another candidate is under evaluation and the served model is at hand as judge."""
         c = self.choice
         return (c is not None and c.kind == "evaluate" and c.candidate == self.candidate
-                != self.name and self.judge is not None and self.loading is None
-                and self.started >= self.cfg.helios_eval_prompts)
+                != self.name and self.judge is not None and self.loading is None)
+
+    def _evaluated_enough(self) -> bool:
+        """... and it has started its share of streams (``OFFRAMP_HELIOS_EVAL_PROMPTS``)."""
+        return self._evaluating_other() and self.started >= self.cfg.helios_eval_prompts
+
+    def _room(self) -> int:
+        """Streams to admit this round: free slots, within an evaluated candidate's share."""
+        room = self.slots - len(self.active)
+        if self._evaluating_other():
+            room = min(room, self.cfg.helios_eval_prompts - self.started)
+        return max(0, room)
 
     def _back_to_judge(self) -> None:
         """After an evaluation's share, new streams go to the served model (fully loaded, as

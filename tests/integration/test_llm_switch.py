@@ -33,6 +33,7 @@ def models(tmp_path_factory) -> Path:
     prepare_tiny(folder, log=lambda _m: None)
     llm_twin(folder, "tiny-twin")
     llm_twin(folder, "tiny-other-tokens", tokenizer_change=True)
+    llm_twin(folder, "tiny-other", perturb=True)  # same tokenizer, other weights
     return folder
 
 
@@ -95,10 +96,10 @@ def _records(writes, rid: str):
     return rows, gens
 
 
-def _greedy(models: Path, prompt: str, n: int) -> list[int]:
+def _greedy(models: Path, prompt: str, n: int, name: str = MODEL) -> list[int]:
     from services.runtime.llm_model import load
 
-    llm = load(models / MODEL)
+    llm = load(models / name)
     ids = torch.tensor([llm.tokenizer.encode(prompt)])
     out = llm.model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                              pad_token_id=llm.tokenizer.eos_token_id)
@@ -218,17 +219,19 @@ def test_after_its_share_of_streams_an_evaluated_candidate_hands_new_ones_back(m
 
     async def plan(w, submit) -> None:
         w.cfg = dataclasses.replace(w.cfg, helios_eval_prompts=2)
-        w.on_choice(SimpleNamespace(data=HeliosChoice(MODEL, 3, "evaluate", "tiny-twin", 6,
+        w.on_choice(SimpleNamespace(data=HeliosChoice(MODEL, 3, "evaluate", "tiny-other", 6,
                                                       1).encode()))
-        while w.candidate != "tiny-twin" or w.choice is None:
+        while w.candidate != "tiny-other" or w.choice is None:
             await asyncio.sleep(0.002)
         for rid in ("e1", "e2"):
             submit(GenerateRequest(rid, MODEL, 20, prompt="The sea"))
             rounds = w.rounds
             while w.rounds == rounds:
                 await asyncio.sleep(0.001)
-        assert w.candidate == MODEL and w.old is not None  # back; e1 and e2 end on the twin
-        submit(GenerateRequest("e3", MODEL, 4, prompt="The sea"))
+        submit(GenerateRequest("e3", MODEL, 4, prompt="The sea"))  # beyond the share
+        while w.candidate != MODEL:
+            await asyncio.sleep(0.001)
+        assert w.old is not None  # back; e1 and e2 end on the twin
         while not all(_records(sent, rid)[1] for rid in ("e1", "e2")):  # judged, then sent
             await asyncio.sleep(0.005)
 
@@ -236,10 +239,16 @@ def test_after_its_share_of_streams_an_evaluated_candidate_hands_new_ones_back(m
     with caplog.at_level(logging.INFO, logger="t"):
         writes, (w,) = _run(models, plan, sent)
     assert any("helios evaluation share started" in r.getMessage() for r in caplog.records)
-    assert w.choice.kind == "evaluate" and w.choice.candidate == "tiny-twin"  # still in force
+    assert w.choice.kind == "evaluate" and w.choice.candidate == "tiny-other"  # still in force
+    other = _until_eos(_greedy(models, "The sea", 20, "tiny-other"), w.eos)
+    own = _until_eos(_greedy(models, "The sea", 20), w.eos)
+    assert other != own  # the candidates answer differently: who decoded what shows
     for rid in ("e1", "e2"):
         rows, (gen,) = _records(writes, rid)
-        assert rows[0].variant == "tiny-twin@6" and gen.judged_logprob is not None
+        assert rows[0].variant == "tiny-other@6" and gen.judged_logprob is not None
+        assert _tokens(writes, rid) == other  # decoded by it alone, beside the served model
+        assert gen.judged_logprob != pytest.approx(gen.logprob)  # judged by the other model
     rows, (gen,) = _records(writes, "e3")
     assert rows[0].variant == "tiny-llm@6" and gen.assessment == 1
+    assert _tokens(writes, "e3") == own[:4]
     assert w.old is None  # drained

@@ -33,9 +33,11 @@ class LoadedLlm:
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
 
 
-def load(model_dir: Path, threads: int = 0) -> LoadedLlm:
+def load(model_dir: Path, threads: int = 0, tokenizer: Any = None) -> LoadedLlm:
     """The prepared model at ``model_dir`` (``offramp prepare NAME`` made it), on the CPU
-    threads given (0: torch's default)."""
+    threads given (0: torch's default); ``tokenizer``: one already loaded with the same
+    tokenizer files (a candidate of the same family), reused: loading it again takes
+    longer than the model itself."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if threads > 0:
@@ -50,6 +52,7 @@ def load(model_dir: Path, threads: int = 0) -> LoadedLlm:
         raise SystemExit(f"the base model of {manifest.name} is missing at {base}: run "
                          f"`offramp prepare {manifest.name}` again")
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(manifest.tokenizer)
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(manifest.tokenizer)
     heads = ExitHeads.load(Path(model_dir) / manifest.heads_file)
     return LoadedLlm(manifest, model, tokenizer, heads)

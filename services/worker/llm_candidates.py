@@ -80,11 +80,13 @@ def depth_problem(manifest: LlmManifest, depth: int) -> str | None:
     return None
 
 
-def read_candidate(models_dir: Path, name: str, depth: int, threads: int = 0) -> Held:
+def read_candidate(models_dir: Path, name: str, depth: int, threads: int = 0,
+                   tokenizer: Any = None) -> Held:
     """In a worker thread: ``name``'s prepared model, with only layers ``1..depth``
-    resident."""
+    resident; ``tokenizer``: the worker's own, reused (``switch_problem`` checked that the
+    candidate's tokenizer files are the same)."""
     started = time.perf_counter()
-    return hold(name, load(Path(models_dir) / name, threads), depth, started)
+    return hold(name, load(Path(models_dir) / name, threads, tokenizer), depth, started)
 
 
 def hold(name: str, llm: LoadedLlm, depth: int, started: float | None = None) -> Held:

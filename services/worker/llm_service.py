@@ -401,7 +401,7 @@ class LlmWorker:
             else:
                 future = loop.run_in_executor(None, read_candidate, self.cfg.models_dir,
                                               choice.candidate, choice.depth,
-                                              self.cfg.ort_threads)
+                                              self.cfg.ort_threads, self.llm.tokenizer)
             future.add_done_callback(lambda _f: self.wake.set())
             self.loading = (choice, future)
             return

@@ -125,11 +125,13 @@ def test_a_switch_mid_stream_goes_on_exactly_under_the_new_candidate(models, mon
 
     async def plan(w, submit) -> None:
         submit(GenerateRequest("a", MODEL, 30, prompt=prompt))
+        tokenizer = w.llm.tokenizer
         while w.rounds < 3:
             await asyncio.sleep(0.001)
         w.on_choice(_choice(5, "tiny-twin"))
         while w.candidate != "tiny-twin":
             await asyncio.sleep(0.001)
+        assert w.llm.tokenizer is tokenizer  # same family: reused, not read again
         submit(GenerateRequest("b", MODEL, 5, prompt=prompt))
 
     with caplog.at_level(logging.INFO, logger="t"):

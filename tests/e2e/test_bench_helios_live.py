@@ -1,9 +1,11 @@
 """`offramp bench helios` live on `tiny-llm`: the candidate alone (fully loaded, exit heads)
 and HELIOS each get a private stack and serve the same drifting stream; the JSON holds both
-policies' figures, HELIOS's decisions (an evaluation, then the greedy depth) and the
-judge's perplexity. Threshold 0: after the evaluation every token leaves at the first head
-(layer 2), so HELIOS loads 2 layers; clients pause between requests so that the switch
-(monitor, profiler and HELIOS polls: about 2 s) lands inside the stream."""
+policies' figures, HELIOS's decisions (an evaluation of each candidate, then the greedy
+depth), the worker's switches and the judge's perplexity. HELIOS's repository also holds a
+twin of the model, which it evaluates and the worker switches to. Threshold 0: after the
+evaluation every token leaves at the first head (layer 2), so HELIOS loads 2 layers;
+clients pause between requests so that the decisions (monitor, profiler and HELIOS polls:
+about 2 s) land inside the stream."""
 
 from __future__ import annotations
 
@@ -46,8 +48,10 @@ def _bench(tmp_path, models: str, policies: str, twin: str | None = None) -> dic
     return json.loads(out.read_text())
 
 
-def test_live_bench_serves_the_candidate_alone_and_helios(tmp_path):
-    doc = _bench(tmp_path, MODEL, "alone,helios")
+def test_live_bench_serves_the_candidate_alone_and_helios_with_a_second_candidate(tmp_path):
+    # one stack run per policy: HELIOS's repository holds a twin of the model (same weights,
+    # so a switch must not change the tokens), which it evaluates and the worker switches to
+    doc = _bench(tmp_path, f"{MODEL},tiny-twin", f"alone:{MODEL},helios", twin="tiny-twin")
     assert doc["mode"] == "live" and doc["requests"] == REQUESTS
     assert set(doc["stream_kinds"]) == {"prose", "code"}
     pols = doc["policies"]
@@ -60,24 +64,15 @@ def test_live_bench_serves_the_candidate_alone_and_helios(tmp_path):
     alone = pols[f"alone:{MODEL}"]
     assert not alone["adapt"] and "decisions" not in alone and alone["depths"] == {"6": REQUESTS}
     helios = pols["helios"]
-    kinds = [(d["kind"], d["depth"], d["assessment"]) for d in helios["decisions"]]
-    assert kinds[0] == ("evaluate", 6, 1), kinds
-    later = [d for d in helios["decisions"][1:] if d["depth"] == 2]
+    kinds = [(d["kind"], d["candidate"], d["depth"], d["assessment"])
+             for d in helios["decisions"]]
+    assert kinds[:2] == [("evaluate", MODEL, 6, 1), ("evaluate", "tiny-twin", 6, 1)], kinds
+    assert all(d["worker_followed"] for d in helios["decisions"][:2])
+    later = [d for d in helios["decisions"][2:] if d["depth"] == 2]
     assert later and later[0]["kind"] in ("unload", "switch", "load") and later[0]["worker_followed"], kinds
     assert helios["depths"].get("6", 0) >= 2 and helios["depths"].get("2", 0) > 0, helios["depths"]
     assert helios["slots_by_depth"]["2"] > helios["slots_by_depth"]["6"]
-    assert (tmp_path / "live.svg").is_file()
-
-
-def test_live_helios_evaluates_a_second_candidate_and_the_worker_switches_to_it(tmp_path):
-    # the twin has the same weights: a switch must not change the tokens
-    helios = _bench(tmp_path, f"{MODEL},tiny-twin", "helios", twin="tiny-twin")["policies"][
-        "helios"]
-    assert (helios["ok"], helios["failed"]) == (REQUESTS, 0), helios["errors"]
-    evaluated = [(d["candidate"], d["depth"]) for d in helios["decisions"]
-                 if d["kind"] == "evaluate" and d["assessment"] == 1]
-    assert evaluated == [(MODEL, 6), ("tiny-twin", 6)], helios["decisions"]
-    assert all(d["worker_followed"] for d in helios["decisions"][:2])
     assert helios["candidates"].get("tiny-twin", 0) >= 2, helios["candidates"]
     (first, *_) = helios["switches"]
     assert (first["from"], first["to"]) == (MODEL, "tiny-twin") and first["read_ms"] > 0
+    assert (tmp_path / "live.svg").is_file()

@@ -112,19 +112,16 @@ def prepare_configured(cfg, force: bool = False, log: Callable[[str], None] = pr
     key = pruned_key(smollm2.weights_key(smollm2.gguf_path()), DROP)
     folder = cache / f"{NAME}-fp32-{key}"
     corpus = llm_corpus.load_corpus(RECIPE.seed, RECIPE.held_out, cfg.home / "data")
-    tokenize = hf_tokenize(smollm2.load_tokenizer(cache, log))
 
-    def source() -> tuple[nn.Module, object]:
-        return smollm2.load_model(cache, log), smollm2.load_tokenizer(cache, log)
-
-    def probe() -> list[torch.Tensor]:
-        return [token_windows(tokenize, corpus.train[k], RECIPE.window, PROBE_WINDOWS)
-                for k in corpus.kinds]
-
-    def load() -> tuple[nn.Module, object]:
+    def load() -> tuple[nn.Module, object]:  # only when the heads must be trained
         from transformers import AutoModelForCausalLM
 
-        ensure_pruned(folder, source, probe, DROP, log)
+        tokenizer = smollm2.load_tokenizer(cache, log)
+        tokenize = hf_tokenize(tokenizer)
+        ensure_pruned(folder, lambda: (smollm2.load_model(cache, log), tokenizer),
+                      lambda: [token_windows(tokenize, corpus.train[k], RECIPE.window,
+                                             PROBE_WINDOWS) for k in corpus.kinds],
+                      DROP, log)
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32,
                                                      local_files_only=True)
         return model.eval(), tokenize

@@ -50,7 +50,7 @@ def pht_row(assessment: int, candidate: str, depth: int,
     if tokens <= 0:
         return None
     duration_ms = sum(float(s["duration_ms"]) for s in streams)
-    nll = -sum(float(_judged(s)) for s in streams) / tokens
+    nll = -sum(_judged(s) for s in streams) / tokens
     return {"candidate": candidate, "assessment": assessment, "loaded_depth": depth,
             "tokens_per_s": tokens * 1000.0 / duration_ms if duration_ms > 0 else 0.0,
             "ttft_ms": sum(float(s["ttft_ms"]) for s in streams) / len(streams),

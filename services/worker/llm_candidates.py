@@ -20,10 +20,12 @@ after the evaluation drops the judge, and its memory.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.runtime.llm_decoder import LlmDecoder
 from services.runtime.llm_footprint import family
 from services.runtime.llm_layers import LayerLoader
 from services.runtime.llm_manifest import LlmManifest, load_if_intact
@@ -37,7 +39,7 @@ class Draining:
 
     name: str
     llm: LoadedLlm
-    decoder: Any
+    decoder: LlmDecoder
     thresholds: dict[int, float]
     weight_bytes: int
     eos: frozenset[int]
@@ -70,13 +72,14 @@ def switch_problem(models_dir: Path, name: str, depth: int, own: LlmManifest) ->
         return f"candidate {name!r}: cannot read its tokenizer ({exc})"
     if not same:
         return f"candidate {name!r} does not share this model's tokenizer"
-    return depth_problem(manifest, depth)
+    return depth_problem(name, manifest.n_layers, manifest.head_layers, depth)
 
 
-def depth_problem(manifest: LlmManifest, depth: int) -> str | None:
-    n = manifest.n_layers
-    if depth != n and depth not in manifest.head_layers:
-        return f"depth {depth}: not {n} and no exit head of {manifest.name} there"
+def depth_problem(name: str, n_layers: int, head_layers: Collection[int],
+                  depth: int) -> str | None:
+    """Why candidate ``name`` cannot be loaded to ``depth``: all its layers, or up to a head."""
+    if depth != n_layers and depth not in head_layers:
+        return f"depth {depth}: not {n_layers} and no exit head of {name} there"
     return None
 
 

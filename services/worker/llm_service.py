@@ -51,6 +51,7 @@ from services.runtime.llm_model import LoadedLlm, load
 from services.worker.llm_candidates import (
     Draining,
     Held,
+    depth_problem,
     hold,
     judged_logprob,
     read_candidate,
@@ -281,10 +282,10 @@ class LlmWorker:
             del self.active[stream.id]
             memory = by.weight_bytes + by.decoder.kv_bytes(seq)
             self._drained(stream.id, now)
-            record = stream.record(now, stream.candidate, memory)
+            record = stream.record(now, memory)
             judge = self._judge_for(stream)
             self._end(stream.reply, stream.router, stream.id,
-                      stream.done(now, stream.candidate, stream.depth),
+                      stream.done(now),
                       self._row(stream.id, stream.received, OK, stream),
                       record if judge is None else None)
             if judge is not None:
@@ -363,10 +364,8 @@ class LlmWorker:
         if choice.candidate != self.candidate:
             return switch_problem(self.cfg.models_dir, choice.candidate, choice.depth,
                                   self.llm.manifest)
-        n = self.decoder.n_layers
-        if choice.depth != n and choice.depth not in self.llm.heads.layers:
-            return f"depth {choice.depth}: not {n} and no exit head there"
-        return None
+        return depth_problem(self.candidate, self.decoder.n_layers, self.llm.heads.layers,
+                             choice.depth)
 
     def _follow_choices(self, loop: asyncio.AbstractEventLoop) -> None:
         """Between rounds: serve a decision whose layers are in, and start on the next one.
@@ -423,17 +422,17 @@ class LlmWorker:
             self.judge = None
         elif old == self.name and self.decoder.depth == self.decoder.n_layers:
             self.judge = self.llm
-        if set(self.active) - keep:
+        draining = set(self.active) - keep
+        if draining:
             self.old = Draining(old, self.llm, self.decoder, dict(self.thresholds),
-                                self.weight_bytes, self.eos, set(self.active) - keep,
-                                time.monotonic())
+                                self.weight_bytes, self.eos, draining, time.monotonic())
         self.llm, self.candidate, self.loader = held.llm, held.name, held.loader
         self.decoder = LlmDecoder(held.llm.model, held.llm.heads, held.depth)
         self.heads = heads_in_use(self.cfg.llm_heads, held.llm, strict=False)
         self.eos = held.llm.eos
         self.log.info("helios switch %s", logs.kv(
             previous=old, candidate=held.name, depth=held.depth, read_ms=round(held.ms, 1),
-            draining=len(self.active)))
+            draining=len(draining)))
 
     def _take_back(self) -> None:
         """The candidate draining is wanted again: it takes new streams at once (no read)

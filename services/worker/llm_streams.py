@@ -95,12 +95,13 @@ class GenStream:
         return ((first - self.accepted) * 1e3, (last - first) * 1e3 / (n - 1) if n > 1 else 0.0,
                 (last - self.accepted) * 1e3)
 
-    def done(self, now: float, candidate: str, depth: int) -> bytes:
+    def done(self, now: float) -> bytes:
+        """Its terminal message, naming the candidate and depth it started on."""
         ttft, tpot, _ = self.timings(now)
         return GenerateDone(
             self.id, self.request.model, self.finish or FINISH_LENGTH, len(self.prompt),
             len(self.tokens), ttft, tpot, (now - self.accepted) * 1e3,
-            dict(Counter(self.exits)), candidate, depth).encode()
+            dict(Counter(self.exits)), self.candidate, self.depth).encode()
 
 
     def check(self, index: int, layer: int, agreed: bool) -> None:
@@ -113,11 +114,11 @@ class GenStream:
         if not agreed and (self.first_deviation is None or index < self.first_deviation):
             self.first_deviation = index
 
-    def record(self, now: float, candidate: str, memory_bytes: int) -> GenerationRecord:
+    def record(self, now: float, memory_bytes: int) -> GenerationRecord:
         """Its generation telemetry once it ended with an answer."""
         ttft, tpot, duration = self.timings(now)
         return GenerationRecord(
-            self.id, self.received, candidate, self.depth, self.assessment, len(self.prompt),
+            self.id, self.received, self.candidate, self.depth, self.assessment, len(self.prompt),
             len(self.tokens), ttft, tpot, duration, self.logprob, dict(Counter(self.exits)),
             list(self.breach_at), memory_bytes, list(self.feedback), self.first_deviation)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,34 @@ def report(results: dict[str, Any], trace_path: str, meta: dict[str, Any],
     return out
 
 
+def segments(results: dict[str, PolicyResult], final: np.ndarray, k: int
+             ) -> dict[str, list[dict[str, Any]]]:
+    """Each policy against vanilla over ``k`` consecutive equal parts of the stream: how its
+    savings change as it learns (a cold start, a drifting stream)."""
+    n, van = len(final), results["vanilla"].latency_ms
+    edges = np.linspace(0, n, k + 1).astype(int)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, res in results.items():
+        if name == "vanilla" or not isinstance(res, PolicyResult):
+            continue
+        out[name] = [{"from": int(a), "to": int(b),
+                      "p50_change": float(np.median(res.latency_ms[a:b]) / np.median(van[a:b]) - 1),
+                      "mean_change": float(res.latency_ms[a:b].mean() / van[a:b].mean() - 1),
+                      "agreement": float((res.answer[a:b] == final[a:b]).mean()),
+                      "exit_rate": float((res.exit_site[a:b] >= 0).mean())}
+                     for a, b in pairwise(edges) if b > a]
+    return out
+
+
+def segments_table(doc: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, parts in doc.get("segments", {}).items():
+        lines.append(f"{name} by part of the stream (vs vanilla): " + "; ".join(
+            f"{p['from']}-{p['to']}: p50 {p['p50_change']:+.1%}, mean {p['mean_change']:+.1%}, "
+            f"agreement {p['agreement']:.2%}" for p in parts))
+    return lines
+
+
 def refit_summary(res: PolicyResult) -> dict[str, Any]:
     """What the online refits did: rounds judged, heads deployed per site, their cost."""
     rounds = [e for e in res.extra["refits"] if "accepted" in e]
@@ -110,6 +139,7 @@ def table(doc: dict[str, Any]) -> str:
             f"{r['refit_ms_p50']:.1f} ms p50, {r['refit_ms_max']:.1f} ms max"
         lines.append(f"{REFIT}: {r['accepted']} of {r['rounds']} ramp refits accepted, head "
                      f"versions per site {r['head_versions']}; a refit costs {ms}")
+    lines += segments_table(doc)
     if "static" in doc:
         lines.append(f"static: one threshold {doc['static']['threshold']:.4f} for all ramps, "
                      "tuned on the first 10% of the stream")
@@ -169,6 +199,9 @@ def run(args: argparse.Namespace) -> int:
     if (getattr(args, "feedback_backlog", None) or 0) < 0:
         print("error: --feedback-backlog must be >= 0", file=sys.stderr)
         return 2
+    if getattr(args, "segments", 1) < 1:
+        print("error: --segments must be >= 1", file=sys.stderr)
+        return 2
     if getattr(args, "live", False):
         if getattr(args, "trace", None):
             print("error: bench apparate takes --trace FILE (replay) or --live (not both)",
@@ -209,6 +242,8 @@ def run(args: argparse.Namespace) -> int:
               "feedback_backlog": backlog, "climb": climb_native.engine(native),
               "controller": results["offramp"].extra["params"]}
     doc = report(results, str(args.trace), meta, args.arrivals or "trace arrival_s", params)
+    if getattr(args, "segments", 1) > 1 and "vanilla" in results:
+        doc["segments"] = segments(results, trace.final_pred, args.segments)
     print(table(doc))
     Path(args.json).write_text(json.dumps(doc, indent=1, default=float) + "\n")
     if getattr(args, "plot", None):

@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "run goes to the end)")
     bench.add_argument("--grid-rounds", type=int, default=8,
                        help="apparate: tune rounds compared with grid search (0: skip)")
+    bench.add_argument("--segments", type=int, default=1,
+                       help="apparate replay: also report each policy over K consecutive equal "
+                       "parts of the stream (e.g. 2: before and after the middle sample)")
     bench.add_argument("--live", action="store_true",
                        help="apparate: run the policies live on the embedded stack (with --model and "
                        "--workload) instead of replaying a trace")
@@ -53,7 +56,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--scene-frames", metavar="MIN:MAX",
                        help="apparate --live, video: scene lengths in frames (default 16:120; a fixed "
                        "camera's run far longer, e.g. 600:1800)")
-    # chaos: failures and hostile input under load, on a private stack
+    for more in (chaos_arguments, e3_arguments, superserve_arguments, decode_arguments,
+                 helios_arguments):
+        more(bench)
+    bench.set_defaults(fn=run)
+
+
+def chaos_arguments(bench: argparse.ArgumentParser) -> None:
+    """chaos: failures and hostile input under load, on a private stack."""
     bench.add_argument("--scenarios", help="chaos: comma list of worker-kill, router-kill, "
                        "monitor-kill, nats-restart, burst, fuzz, attacks (default: all)")
     bench.add_argument("--quick", action="store_true",
@@ -67,9 +77,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="chaos: requests of the burst scenario (default 20000, --quick 5000)")
     bench.add_argument("--keep-state", action="store_true",
                        help="chaos: keep the private stack's state folder (logs, store)")
-    for more in (e3_arguments, superserve_arguments, decode_arguments, helios_arguments):
-        more(bench)
-    bench.set_defaults(fn=run)
 
 
 def decode_arguments(bench: argparse.ArgumentParser) -> None:

@@ -15,6 +15,13 @@ the buffer move: those some sample is labelled with, and those the serving head 
 first somewhere (it must learn to stop saying them). The other classes' weights stay as
 they are and enter the softmax through one log-sum-exp computed once per refit, which
 keeps a refit of a 1000-class head within tens of milliseconds on a small CPU.
+
+A fit on a thousand samples of a few scenes separates them with logits far apart: its
+exit scores collapse to 0 in float32, below the threshold climb's finest step, and no
+threshold can tell its right answers from its wrong ones. So the candidate is softened by
+the temperature (never below 1) that best fits a fit on the older half of the same
+samples scored on the newer half (:func:`fold_temperature`), which spreads its scores as
+its mistakes on samples it has not seen warrant; its answers do not change.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ class RefitConfig:
     margin: float = 0.01        # agreement the candidate must gain on the held-back samples
     significance: float = 3.0   # ... and that many standard deviations of the disagreeing pairs
     calibration_slack: float = 0.01  # how much worse its calibration error may be
+    calibrate: bool = True      # soften the candidate by its cross-fit temperature
 
 
 class RampBuffer:
@@ -119,6 +127,76 @@ def refit(head: LinearHead, x: np.ndarray, y: np.ndarray, cfg: RefitConfig = Ref
     return LinearHead(weight.astype(np.float32), bias.astype(np.float32), head.pool)
 
 
+MAX_TEMPERATURE = 64.0  # softening only (>= 1): a refit never gets surer than it was fitted
+MIN_FOLD = 16  # samples per half below which a candidate is left as fitted
+
+
+def cross_entropy(logits: np.ndarray, y: np.ndarray) -> float:
+    """Mean cross-entropy of ``logits`` against top-1 labels or target probabilities."""
+    z = np.asarray(logits, np.float64)
+    top = z.max(axis=1, keepdims=True)
+    lse = top[:, 0] + np.log(np.exp(z - top).sum(axis=1))
+    return float((lse - _target_logit(z, y)).mean())
+
+
+def _target_logit(z: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per row, the logit of the label (or the targets' mean logit)."""
+    if y.ndim == 1:
+        return z[np.arange(len(y)), y]
+    return (z * y).sum(axis=1) / np.maximum(y.sum(axis=1), 1e-12)
+
+
+def best_temperature(logits: np.ndarray, y: np.ndarray,
+                     max_temperature: float = MAX_TEMPERATURE) -> float:
+    """The temperature in [1, ``max_temperature``] that minimises the cross-entropy of
+    ``logits / T``: safeguarded Newton on beta = 1/T, where the cross-entropy is convex
+    (a handful of passes over the logits instead of a grid's dozens)."""
+    z = np.asarray(logits, np.float32)
+    zbar, top = _target_logit(z, y), z.max(axis=1, keepdims=True)
+
+    def slope_curve(beta: float) -> tuple[float, float]:
+        """d/dbeta and d2/dbeta2 of the cross-entropy at ``beta``."""
+        e = np.exp(beta * (z - top))
+        total = e.sum(axis=1)
+        mean = np.einsum("ij,ij->i", e, z) / total
+        second = np.einsum("ij,ij->i", e * z, z) / total
+        return float((mean - zbar).mean()), float(np.maximum(second - mean * mean, 0).mean())
+
+    lo, hi, beta = 1.0 / max_temperature, 1.0, 1.0
+    g, h = slope_curve(beta)
+    if g <= 0:
+        return 1.0          # sharper would fit better: left as fitted
+    for _ in range(12):     # g > 0 at hi, the minimum is below beta
+        lo, hi = (beta, hi) if g < 0 else (lo, beta)
+        step = beta - g / h if h > 0 else lo
+        new = step if lo < step < hi else float(np.sqrt(lo * hi))
+        if abs(new - beta) <= 1e-3 * beta or hi - lo <= 1e-3 * lo:
+            beta = new
+            break
+        beta = new
+        g, h = slope_curve(beta)
+    return float(1.0 / max(beta, 1.0 / max_temperature))
+
+
+def fold_temperature(head: LinearHead, x: np.ndarray, y: np.ndarray,
+                     cfg: RefitConfig = RefitConfig()) -> float:
+    """The temperature that best fits a refit (from ``head``) on the older half of ``x``
+    scored on the newer half: a head fitted on the past, judged on what came next, as a
+    deployed head is. Its logits on its own samples say nothing about the next ones."""
+    half = len(x) // 2
+    if half < MIN_FOLD:
+        return 1.0
+    return best_temperature(refit(head, x[:half], y[:half], cfg).logits(x[half:]), y[half:])
+
+
+def softened(head: LinearHead, temperature: float) -> LinearHead:
+    """``head`` with its logits divided by ``temperature`` (the same answers)."""
+    if temperature == 1.0:
+        return head
+    return LinearHead((head.weight / temperature).astype(np.float32),
+                      (head.bias / temperature).astype(np.float32), head.pool)
+
+
 def _levelling(z: np.ndarray, y: np.ndarray, k: np.ndarray) -> np.ndarray:
     """Bias lifts for the moving classes: a class the head never learned sits far below every
     answer (``prepare`` floors absent classes), where a few refit steps cannot lift it; it
@@ -186,6 +264,7 @@ class Verdict:
     candidate_calibration: float
     reason: str
     judged_on: int = 0  # held-back samples it was judged on
+    gains: bool = False  # its agreement gain passed (whatever its calibration)
 
 
 def judge(serving: LinearHead, candidate: LinearHead, x: np.ndarray, y: np.ndarray,
@@ -206,10 +285,10 @@ def judge(serving: LinearHead, candidate: LinearHead, x: np.ndarray, y: np.ndarr
     # its calibration error is an accident of the class mix, nothing to stay close to
     if e_c > e_s + cfg.calibration_slack and serving.weight.any():
         why = f"calibration error {e_c:.3f} worse than the serving {e_s:.3f}"
-        return Verdict(False, a_s, a_c, e_s, e_c, why, len(labels))
+        return Verdict(False, a_s, a_c, e_s, e_c, why, len(labels), True)
     return Verdict(True, a_s, a_c, e_s, e_c,
                    f"agreement {a_s:.3f} -> {a_c:.3f}, calibration error {e_s:.3f} -> {e_c:.3f}",
-                   len(labels))
+                   len(labels), True)
 
 
 def propose(serving: LinearHead, buffer: RampBuffer, cfg: RefitConfig = RefitConfig()
@@ -222,4 +301,7 @@ def propose(serving: LinearHead, buffer: RampBuffer, cfg: RefitConfig = RefitCon
     cut = len(x) - max(1, round(len(x) * cfg.holdout))
     candidate = refit(serving, x[:cut], y[:cut], cfg)
     verdict = judge(serving, candidate, x[cut:], y[cut:], cfg)
+    if cfg.calibrate and verdict.gains:  # softening keeps its answers: only a winner needs it
+        candidate = softened(candidate, fold_temperature(serving, x[:cut], y[:cut], cfg))
+        verdict = judge(serving, candidate, x[cut:], y[cut:], cfg)
     return (candidate if verdict.accept else None), verdict

@@ -40,7 +40,17 @@ def test_bench_apparate_defaults_to_light_load_without_arrivals(tmp_path, capsys
     bare = Trace(tr.ramp_pred, tr.ramp_score, tr.final_pred, tr.prefix_ms, tr.ramp_cost_ms, None)
     path = bare.save(tmp_path / "bare.npz")
     out = tmp_path / "out.json"
-    assert main(["bench", "apparate", "--trace", str(path), "--json", str(out), "--grid-rounds", "0"]) == 0
+    assert main(["bench", "apparate", "--trace", str(path), "--json", str(out), "--grid-rounds", "0",
+                 "--segments", "2"]) == 0
     doc = json.loads(out.read_text())
     assert doc["arrivals"] == "poisson:20"  # 20% of a 10 ms model's 100 req/s
-    assert "no arrival_s" in capsys.readouterr().err
+    got = capsys.readouterr()
+    assert "no arrival_s" in got.err and "offramp by part of the stream" in got.out
+    parts = doc["segments"]["offramp"]
+    assert [(p["from"], p["to"]) for p in parts] == [(0, 100), (100, 200)]
+    assert "vanilla" not in doc["segments"] and set(doc["segments"]) >= {"static", "oracle"}
+    full = [p["p50_change"] for p in doc["segments"]["oracle"]]
+    assert all(-1.0 < x <= 0.0 for x in full)  # the oracle never serves slower than vanilla
+    assert main(["bench", "apparate", "--trace", str(path), "--json", str(out),
+                 "--segments", "0"]) == 2
+    assert "--segments must be >= 1" in capsys.readouterr().err

@@ -6,13 +6,17 @@ import numpy as np
 import pytest
 
 from services.exits.linear_head import LinearHead
+from services.exits.scores import exit_score
 from services.tuner.refit import (
     RampBuffer,
     RefitConfig,
     calibration_error,
+    cross_entropy,
+    fold_temperature,
     judge,
     propose,
     refit,
+    softened,
 )
 
 K, C = 20, 8
@@ -175,3 +179,68 @@ def test_an_untrained_head_is_replaced_whatever_its_calibration(shift):
     verdict = judge(zero, candidate, x[450:], y[450:])
     assert verdict.candidate_agreement > verdict.serving_agreement + 0.1
     assert verdict.accept
+
+
+D = 64  # wide pooled features, as a real ramp's: a few scenes are easy to separate
+
+
+def _scenes(rng: np.random.Generator, n: int, scenes: int = 16
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` frames of ``scenes`` scenes in order, each its own cluster with one of 4
+    answers: a head fitted on some scenes is sure of them and as sure of the next ones,
+    which it has never seen."""
+    means = rng.normal(0, 1.0, (scenes, D))
+    answer = rng.integers(0, 4, scenes)
+    scene = np.repeat(np.arange(scenes), -(-n // scenes))[:n]
+    x = (means[scene] + rng.normal(0, 0.3, (n, D))).astype(np.float32)
+    return x, answer[scene]
+
+
+def _cold() -> LinearHead:
+    return LinearHead(np.zeros((K, D), np.float32), np.zeros(K, np.float32))
+
+
+def test_a_refit_sure_of_unseen_scenes_is_softened_so_thresholds_can_separate_its_mistakes():
+    x, y = _scenes(np.random.default_rng(2), 1024)
+    seen, new = slice(0, 768), slice(768, None)       # the next scenes: none seen yet
+    fitted = refit(_cold(), x[seen], y[seen])
+    temperature = fold_temperature(_cold(), x[seen], y[seen])
+    soft = softened(fitted, temperature)
+    assert temperature > 1.0
+    z_fit, z_soft = fitted.logits(x[new]), soft.logits(x[new])
+    assert np.array_equal(z_soft.argmax(1), z_fit.argmax(1))
+    wrong = z_fit.argmax(1) != y[new]
+    assert wrong.mean() > 0.5
+    # as fitted, it is all but certain of half its mistakes: below the threshold climb's
+    # finest step (0.01), where no threshold tells them from its right answers
+    assert (exit_score(z_fit)[wrong] < 0.01).mean() > 0.5
+    assert (exit_score(z_soft)[wrong] < 0.01).mean() == 0.0
+    assert cross_entropy(z_soft, y[new]) < cross_entropy(z_fit, y[new]) / 2
+
+
+def test_the_temperature_only_softens_and_a_small_buffer_keeps_the_fit():
+    rng = np.random.default_rng(4)
+    cold = _cold()
+    x, y = _scenes(rng, 1024, scenes=4)
+    order = rng.permutation(len(x))                # every scene in both halves
+    x, y = x[order], y[order]
+    # one small step: logits barely apart, an underconfident head; sharpening would fit
+    # better, but a refit is never made surer than it was fitted
+    assert fold_temperature(cold, x, y, RefitConfig(steps=1, lr=0.01)) == 1.0
+    assert fold_temperature(cold, x[:20], y[:20]) == 1.0
+    head = LinearHead(np.ones((K, C), np.float32), np.ones(K, np.float32))
+    assert softened(head, 1.0) is head
+
+
+def test_propose_deploys_the_softened_candidate_and_can_be_told_not_to():
+    rng = np.random.default_rng(5)
+    cold = _cold()
+    buf = RampBuffer(1024, D)
+    x, y = _scenes(rng, 1024, scenes=8)
+    buf.add(x, y)
+    soft, verdict = propose(cold, buf)
+    sure, _ = propose(cold, buf, RefitConfig(calibrate=False))
+    assert verdict is not None and verdict.accept and soft is not None and sure is not None
+    x, _ = buf.arrays()
+    assert np.array_equal(soft.logits(x).argmax(1), sure.logits(x).argmax(1))
+    assert np.abs(soft.weight).max() < np.abs(sure.weight).max()

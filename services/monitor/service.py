@@ -12,6 +12,7 @@ double-counts committed telemetry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -222,6 +223,10 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
         except Exception:
             log.exception("idle flush or upkeep failed")
             await asyncio.sleep(0.5)
-    # Partial windows stay unacked: the next monitor rebuilds them from the stream.
+    # Partial windows stay unacked: the next monitor rebuilds them from the stream. The pull
+    # inbox may hold replies to fetches that timed out, which nothing takes: a drain would
+    # wait its whole timeout for them, so it goes first (its durable consumer stays).
+    with contextlib.suppress(Exception):
+        await psub.unsubscribe()
     await bus.close(nc)
     store.close()

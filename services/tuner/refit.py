@@ -47,7 +47,7 @@ class RefitConfig:
     margin: float = 0.01        # agreement the candidate must gain on the held-back samples
     significance: float = 3.0   # ... and that many standard deviations of the disagreeing pairs
     calibration_slack: float = 0.01  # how much worse its calibration error may be
-    calibrate: bool = True      # soften the candidate by its cross-fit temperature
+    calibrate: bool = True      # soften a winning candidate (fold_temperature)
 
 
 class RampBuffer:
@@ -129,14 +129,6 @@ def refit(head: LinearHead, x: np.ndarray, y: np.ndarray, cfg: RefitConfig = Ref
 
 MAX_TEMPERATURE = 64.0  # softening only (>= 1): a refit never gets surer than it was fitted
 MIN_FOLD = 16  # samples per half below which a candidate is left as fitted
-
-
-def cross_entropy(logits: np.ndarray, y: np.ndarray) -> float:
-    """Mean cross-entropy of ``logits`` against top-1 labels or target probabilities."""
-    z = np.asarray(logits, np.float64)
-    top = z.max(axis=1, keepdims=True)
-    lse = top[:, 0] + np.log(np.exp(z - top).sum(axis=1))
-    return float((lse - _target_logit(z, y)).mean())
 
 
 def _target_logit(z: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -11,7 +11,6 @@ from services.tuner.refit import (
     RampBuffer,
     RefitConfig,
     calibration_error,
-    cross_entropy,
     fold_temperature,
     judge,
     propose,
@@ -194,6 +193,14 @@ def _scenes(rng: np.random.Generator, n: int, scenes: int = 16
     scene = np.repeat(np.arange(scenes), -(-n // scenes))[:n]
     x = (means[scene] + rng.normal(0, 0.3, (n, D))).astype(np.float32)
     return x, answer[scene]
+
+
+def cross_entropy(logits: np.ndarray, y: np.ndarray) -> float:
+    """Mean cross-entropy of ``logits`` against top-1 labels: what the temperature fits."""
+    z = np.asarray(logits, np.float64)
+    top = z.max(axis=1, keepdims=True)
+    lse = top[:, 0] + np.log(np.exp(z - top).sum(axis=1))
+    return float((lse - z[np.arange(len(y)), y]).mean())
 
 
 def _cold() -> LinearHead:

@@ -24,6 +24,7 @@ from services.bench.plot import ROLL, draw
 from services.bench.report import machine
 from services.common import config
 from services.common.stats import percentile
+from services.sim.fixed_ceiling import OBJECTIVES, best_fixed
 from services.sim.replay import (
     FEEDBACK_BACKLOG,
     MODE,
@@ -35,6 +36,7 @@ from services.sim.replay import (
 )
 from services.sim.trace import Trace, TraceError
 from services.tuner import climb_native
+from services.tuner.controller import DEFAULT_TUNE_SHARE
 from services.workloads.arrivals import LIGHT_LOAD, light_load
 
 
@@ -99,6 +101,40 @@ def segments_table(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def add_views(doc: dict[str, Any], args: argparse.Namespace, results: dict[str, Any],
+              trace: Trace) -> None:
+    """The optional views of a replay: per part of the stream, and the fixed-config ceiling."""
+    if getattr(args, "segments", 1) > 1 and "vanilla" in results:
+        doc["segments"] = segments(results, trace.final_pred, args.segments)
+    if getattr(args, "ceiling", False):
+        print("searching the best fixed configs in hindsight ...", file=sys.stderr, flush=True)
+        doc["ceiling"] = ceilings(trace, args.constraint, args.budget)
+
+
+def ceilings(trace: Trace, constraint: float, budget: float) -> dict[str, dict]:
+    """The best fixed configs in hindsight (``sim/fixed_ceiling.py``): median- and
+    mean-optimal, at the constraint and at the share of it the live tuner aims for."""
+    out = {}
+    for label, c in (("constraint", constraint), ("headroom", DEFAULT_TUNE_SHARE * constraint)):
+        for objective in OBJECTIVES:
+            out[f"{objective}@{label}"] = best_fixed(trace, c, budget, objective).as_dict()
+    return out
+
+
+def ceiling_table(doc: dict[str, Any]) -> list[str]:
+    if "ceiling" not in doc:
+        return []
+    lines = [("best fixed config in hindsight (the whole trace; model time of one sample, no "
+              "queueing; change vs the full model alone):")]
+    for key, c in doc["ceiling"].items():
+        objective, label = key.split("@")
+        lines.append(f"  {objective + '-optimal':<13} at {c['constraint']:.2%} ({label}): active "
+                     f"{list(c['active'])}, p50 {c['p50_change']:+.1%}, mean "
+                     f"{c['mean_change']:+.1%}, agreement {c['agreement']:.4f}, exits "
+                     f"{c['exit_rate']:.2f}")
+    return lines
+
+
 def refit_summary(res: PolicyResult) -> dict[str, Any]:
     """What the online refits did: rounds judged, heads deployed per site, their cost."""
     rounds = [e for e in res.extra["refits"] if "accepted" in e]
@@ -140,6 +176,7 @@ def table(doc: dict[str, Any]) -> str:
         lines.append(f"{REFIT}: {r['accepted']} of {r['rounds']} ramp refits accepted, head "
                      f"versions per site {r['head_versions']}; a refit costs {ms}")
     lines += segments_table(doc)
+    lines += ceiling_table(doc)
     if "static" in doc:
         lines.append(f"static: one threshold {doc['static']['threshold']:.4f} for all ramps, "
                      "tuned on the first 10% of the stream")
@@ -242,8 +279,7 @@ def run(args: argparse.Namespace) -> int:
               "feedback_backlog": backlog, "climb": climb_native.engine(native),
               "controller": results["offramp"].extra["params"]}
     doc = report(results, str(args.trace), meta, args.arrivals or "trace arrival_s", params)
-    if getattr(args, "segments", 1) > 1 and "vanilla" in results:
-        doc["segments"] = segments(results, trace.final_pred, args.segments)
+    add_views(doc, args, results, trace)
     print(table(doc))
     Path(args.json).write_text(json.dumps(doc, indent=1, default=float) + "\n")
     if getattr(args, "plot", None):

@@ -45,6 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--segments", type=int, default=1,
                        help="apparate replay: also report each policy over K consecutive equal "
                        "parts of the stream (e.g. 2: before and after the middle sample)")
+    bench.add_argument("--ceiling", action="store_true",
+                       help="apparate replay: also find the best fixed config in hindsight (active "
+                       "set and thresholds over the whole trace, median- and mean-optimal, at the "
+                       "constraint and at the tuner's headroom): what any tuning of these heads "
+                       "could reach")
     bench.add_argument("--live", action="store_true",
                        help="apparate: run the policies live on the embedded stack (with --model and "
                        "--workload) instead of replaying a trace")

@@ -54,3 +54,24 @@ def test_bench_apparate_defaults_to_light_load_without_arrivals(tmp_path, capsys
     assert main(["bench", "apparate", "--trace", str(path), "--json", str(out),
                  "--segments", "0"]) == 2
     assert "--segments must be >= 1" in capsys.readouterr().err
+
+
+def test_bench_apparate_ceiling(tmp_path, capsys) -> None:
+    import json
+
+    from services.cli.main import main
+
+    path = easy(n=300).save(tmp_path / "easy.npz")
+    out = tmp_path / "out.json"
+    assert main(["bench", "apparate", "--trace", str(path), "--json", str(out), "--grid-rounds", "0",
+                 "--ceiling"]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["ceiling"]) == {"p50@constraint", "mean@constraint", "p50@headroom",
+                                   "mean@headroom"}
+    for key, c in doc["ceiling"].items():
+        assert 1 - c["agreement"] <= c["constraint"] + 1e-12
+        assert c["constraint"] == (0.01 if key.endswith("@constraint") else 0.005)
+        assert c["p50_change"] <= 0.0 or not c["active"]
+    tight, loose = doc["ceiling"]["p50@headroom"], doc["ceiling"]["p50@constraint"]
+    assert loose["p50_ms"] <= tight["p50_ms"] + 1e-9  # more tolerance never hurts the best
+    assert "best fixed config in hindsight" in capsys.readouterr().out

@@ -55,6 +55,7 @@ POLICY_MODULES = {
     "services.sim.helios_sim",
     "services.sim.helios_trace",
     "services.sim.exit_rules",
+    "services.sim.fixed_ceiling",
     "services.sim.variant_sim",
     "services.supernet.subnet",
     "services.tuner.breach_counter",

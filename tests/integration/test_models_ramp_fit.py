@@ -120,3 +120,19 @@ def test_ramp_targets_are_part_of_the_recipe():
     top1, soft = recipe_fingerprint(src("top1"), 10), recipe_fingerprint(src("softmax"), 10)
     assert top1 != soft and "targets=" not in top1  # top-1 copies made before stay valid
     assert f"softmax@{rp.SOFT_TEMPERATURE:g}" in soft
+
+
+@pytest.mark.parametrize(("rows", "folds"), [(400, 5), (rp.ONE_FOLD_ROWS * 5, 1)])
+def test_held_out_agreement_uses_one_fold_once_it_is_large(monkeypatch, rows, folds):
+    """Five group folds estimate a small bootstrap's held-out agreement; a fold of
+    ``ONE_FOLD_ROWS`` samples is estimate enough on its own, and saves four fits."""
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 3, rows)
+    x = (np.eye(3)[y] * 2 + rng.standard_normal((rows, 3)) * 0.5).astype(np.float32)
+    feats = rp.Features(by_block={0: x}, ndims={0: 2}, labels=y, groups=np.arange(rows) // 20)
+    seen = []
+    real = rp.fit_linear
+    monkeypatch.setattr(rp, "fit_linear", lambda *a, **k: seen.append(len(a[3])) or real(*a, **k))
+    fit, = rp.train_ramps(feats, 3, steps=30, log=lambda _m: None)
+    assert len(fit.fold_agreement) == folds and seen == [folds + 1]  # folds + the exported fit
+    assert 0.8 < fit.agreement <= 1.0

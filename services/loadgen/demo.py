@@ -135,6 +135,11 @@ def _print_summary(s: dict) -> None:
             ("p95 latency", f"{fmt(v['p95_ms'], '.1f')} ms", f"{fmt(o['p95_ms'], '.1f')} ms", change("p95_ms")),
             ("p50 serving (router)", f"{fmt(v.get('serving_p50_ms'), '.1f')} ms",
              f"{fmt(o.get('serving_p50_ms'), '.1f')} ms", change("serving_p50_ms")),
+            ("p50 / p75 way in (client -> router)",
+             f"{fmt(v.get('way_in_p50_ms'), '.1f')} / {fmt(v.get('way_in_p75_ms'), '.1f')} ms",
+             f"{fmt(o.get('way_in_p50_ms'), '.1f')} / {fmt(o.get('way_in_p75_ms'), '.1f')} ms", ""),
+            ("p50 way back (router -> client)", f"{fmt(v.get('way_back_p50_ms'), '.1f')} ms",
+             f"{fmt(o.get('way_back_p50_ms'), '.1f')} ms", ""),
             ("early-exit share", fmt(v["early_share"], ".1%"), fmt(o["early_share"], ".1%"), ""),
             ("agreement with final model", fmt(v["agreement"], ".2%"), fmt(o["agreement"], ".2%"), ""),
             ("exit configs seen", str(v["config_versions"]), str(o["config_versions"]), ""),
@@ -150,7 +155,8 @@ def _print_summary(s: dict) -> None:
     print("  (offramp = the initial deployment + the tuner adapting thresholds and ramps and "
           "refitting ramp heads live; "
           "accuracy constraint 1%; latency: at the client, end to end; serving: the router's "
-          "record, from receiving a request to learning its answer)")
+          "record, from receiving a request to learning its answer; the ways in and back: "
+          "the client's times against the router's, one clock)")
     d = s.get("deployment") or {}
     if d.get("cheapest_ramp_ms") is not None:
         cheapest = d["cheapest_ramp_ms"] / d["full_ms"]

@@ -30,6 +30,9 @@ class Outcome:
     request_id: str = ""
     serving_ms: float | None = None  # the router's record of it (``attach_serving``)
     variant: str | None = None       # the subnet or depth cap that answered, if any
+    sent_at: float | None = None     # wall clock (Unix s) as the client sent it ...
+    answered_at: float | None = None  # ... and as its answer arrived
+    way_in_ms: float | None = None   # client -> router (``attach_hops``; one host's clock)
 
 
 async def _request(nc: Client, model: str, i: int, inputs: dict[str, np.ndarray],
@@ -37,13 +40,15 @@ async def _request(nc: Client, model: str, i: int, inputs: dict[str, np.ndarray]
                    clock: Callable[[], float]) -> Outcome:
     """One request; its latency runs from ``start`` on ``clock``."""
     rid = uuid.uuid4().hex
+    sent = time.time()
     try:
         r = await infer(nc, model, inputs, slo_ms, timeout=timeout, request_id=rid)
         return Outcome(i, True, (clock() - start) * 1e3, "ok", bool(r["early"]),
                        int(r["exit"]), int(r["label"]), int(r["config_version"]), rid,
-                       variant=r.get("variant"))
+                       variant=r.get("variant"), sent_at=sent, answered_at=time.time())
     except InferError as exc:
-        return Outcome(i, False, (clock() - start) * 1e3, exc.code, request_id=rid)
+        return Outcome(i, False, (clock() - start) * 1e3, exc.code, request_id=rid,
+                       sent_at=sent, answered_at=time.time())
 
 
 def attach_serving(outcomes: list[Outcome], serving: dict[str, float | None]) -> int:
@@ -55,6 +60,26 @@ def attach_serving(outcomes: list[Outcome], serving: dict[str, float | None]) ->
         o.serving_ms = v
         got += v is not None
     return got
+
+
+def attach_hops(outcomes: list[Outcome], received: dict[str, float]) -> int:
+    """Set each answered outcome's ``way_in_ms`` (its send to the router's receipt, from the
+    router's records: request id -> Unix seconds); returns how many got one. Client and
+    router must share a clock: one host, as in the demo."""
+    got = 0
+    for o in outcomes:
+        at = received.get(o.request_id) if o.ok and o.sent_at is not None else None
+        o.way_in_ms = None if at is None else (at - o.sent_at) * 1e3
+        got += at is not None
+    return got
+
+
+def way_back_ms(o: Outcome) -> float | None:
+    """From the router learning the answer to the client holding it: what is left of the
+    client's round trip after the way in and the router's serving time."""
+    if None in (o.way_in_ms, o.serving_ms, o.sent_at, o.answered_at):
+        return None
+    return (o.answered_at - o.sent_at) * 1e3 - o.way_in_ms - o.serving_ms
 
 
 async def await_config(nc: Client, model: str, version: int, probe: dict[str, np.ndarray],

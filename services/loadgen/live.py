@@ -20,7 +20,15 @@ from services.common.stats import percentile
 from services.exits.initial import initial_ramps
 from services.launcher.exit_config import set_exit_config
 from services.launcher.supervisor import Deployment, Supervisor
-from services.loadgen.drive import Progress, attach_serving, await_config, drive, drive_open
+from services.loadgen.drive import (
+    Progress,
+    attach_hops,
+    attach_serving,
+    await_config,
+    drive,
+    drive_open,
+    way_back_ms,
+)
 from services.store.repository import Store
 
 
@@ -102,14 +110,19 @@ async def stream_live(cfg, url: str, model: str, inputs: list, arrival_s: np.nda
         if agreement is not None and served >= len(ok):
             break
         await asyncio.sleep(0.2)
+    attach_hops(outcomes, store.request_arrivals(model, since))
     versions = sorted({o.config_version for o in ok})
     store.close()
     lat = [o.latency_ms for o in ok]
     serving = [o.serving_ms for o in ok if o.serving_ms is not None]
+    way_in = [o.way_in_ms for o in ok if o.way_in_ms is not None]
+    way_back = [b for o in ok if (b := way_back_ms(o)) is not None]
     return {"requests": len(outcomes), "ok": len(ok), "errors": len(outcomes) - len(ok),
             "p25_ms": percentile(lat, 25), "p50_ms": percentile(lat, 50),
             "p95_ms": percentile(lat, 95),
             "serving_p50_ms": percentile(serving, 50), "serving_p95_ms": percentile(serving, 95),
+            "way_in_p50_ms": percentile(way_in, 50), "way_in_p75_ms": percentile(way_in, 75),
+            "way_back_p50_ms": percentile(way_back, 50),
             "early_share": sum(o.early for o in ok) / len(ok) if ok else None,
             "agreement": agreement, "throughput_rps": len(outcomes) / wall,
             "config_versions": len(versions)}, outcomes

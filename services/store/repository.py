@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any, Self
 
@@ -307,6 +307,14 @@ class Store(PlanHistory, VariantProfiles, HeliosHistory):
                 Request.model == model, Request.received_at >= naive_utc(since),
                 Request.status == "ok", Request.latency_ms.is_not(None)))
             return {rid: float(ms) for rid, ms in rows}
+
+    def request_arrivals(self, model: str, since: datetime) -> dict[str, float]:
+        """request id -> when the router received it (Unix seconds), for the requests
+        received since ``since``: with the client's send times, the way in to the router."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(Request.request_id, Request.received_at).where(
+                Request.model == model, Request.received_at >= naive_utc(since)))
+            return {rid: at.replace(tzinfo=UTC).timestamp() for rid, at in rows}
 
     def request_statuses(self, prefix: str, ids: Iterable[str] = ()) -> list[tuple[str, str]]:
         """(request id, status) of every stored request whose id starts with ``prefix`` or is

@@ -254,6 +254,17 @@ def test_request_latencies_by_id(store: Store) -> None:
     assert store.request_latencies("other", now - timedelta(hours=1)) == {}
 
 
+def test_request_arrivals_by_id(store: Store) -> None:
+    now = utcnow()
+    store.add_requests(_requests(now, n=2))
+    store.add_requests([{**_requests(now)[0], "request_id": "old",
+                         "received_at": now - timedelta(days=1)}])
+    got = store.request_arrivals("m", now - timedelta(hours=1))
+    assert set(got) >= {"r0", "r1"} and "old" not in got
+    expected = now.replace(tzinfo=UTC).timestamp()  # utcnow() is naive UTC
+    assert got["r0"] == pytest.approx(expected, abs=1e-3)  # Unix seconds of received_at
+
+
 def test_aware_datetimes_are_stored_as_naive_utc(store: Store) -> None:
     tz = timezone(timedelta(hours=5))
     at = datetime(2030, 1, 1, 17, 0, tzinfo=tz)

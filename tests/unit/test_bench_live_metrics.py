@@ -12,7 +12,7 @@ from services.bench.live_metrics import (
     oracle_latency,
     run_summary,
 )
-from services.loadgen.drive import Outcome, attach_serving
+from services.loadgen.drive import Outcome, attach_hops, attach_serving, way_back_ms
 
 
 def _out(i: int, label: int, ms: float = 10.0, ok: bool = True, early: bool = False,
@@ -134,3 +134,18 @@ def test_answers_are_broken_down_by_where_they_came_from():
     one["static"] = one["offramp"] = one["offramp+refit"] = one["oracle"] = one["vanilla"]
     assert "by_exit" in aggregate([one])["offramp"]           # one run: that run's
     assert "by_exit" not in aggregate([one, one])["offramp"]  # several: per run only
+
+
+def test_ways_in_and_back_come_from_the_routers_receipt_on_one_clock():
+    """Sent at 100.000 s, received by the router at 100.002, served in 3 ms, answered at
+    100.0065: 2 ms in, 1.5 ms back. Unknown or failed requests get neither."""
+    outs = [_out(i, 0) for i in range(3)] + [_out(3, 0, ok=False)]
+    for o in outs:
+        o.request_id, o.sent_at, o.answered_at = f"r{o.index}", 100.0, 100.0065
+    assert attach_serving(outs, {"r0": 3.0, "r1": 3.0, "r3": 1.0}) == 2
+    assert attach_hops(outs, {"r0": 100.002, "r2": 100.001, "r3": 100.001}) == 2
+    assert outs[0].way_in_ms == pytest.approx(2.0) and outs[2].way_in_ms == pytest.approx(1.0)
+    assert outs[3].way_in_ms is None  # failed: its record is not used
+    assert way_back_ms(outs[0]) == pytest.approx(1.5)
+    assert way_back_ms(outs[1]) is None  # no way in known
+    assert way_back_ms(outs[2]) is None  # no serving time known

@@ -114,10 +114,14 @@ def add_views(doc: dict[str, Any], args: argparse.Namespace, results: dict[str, 
 def ceilings(trace: Trace, constraint: float, budget: float) -> dict[str, dict]:
     """The best fixed configs in hindsight (``sim/fixed_ceiling.py``): median- and
     mean-optimal, at the constraint and at the share of it the live tuner aims for."""
+    trained = trace.meta.get("trained") or [True] * trace.n_sites  # --no-bootstrap: untrained
+    window = trace.window(tuple(s for s in range(trace.n_sites) if trained[s]))
+    profile = trace.profile()
     out = {}
     for label, c in (("constraint", constraint), ("headroom", DEFAULT_TUNE_SHARE * constraint)):
         for objective in OBJECTIVES:
-            out[f"{objective}@{label}"] = best_fixed(trace, c, budget, objective).as_dict()
+            out[f"{objective}@{label}"] = best_fixed(window, profile, c, budget,
+                                                     objective).as_dict()
     return out
 
 

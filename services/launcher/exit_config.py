@@ -15,9 +15,14 @@ from services.store.repository import Store
 def pinned_heads(store: Store, model: str, current: dict[int, str], pins: list[str]
                  ) -> dict[int, str]:
     """``current`` heads with each ``RAMP=VERSION`` of ``pins`` applied (version 0: the
-    prepared head); ValueError naming the versions that exist for an unknown one."""
+    prepared head); ValueError naming the versions that exist for an unknown one. Only the
+    heads refitted for the model as prepared now count: an earlier preparation's ramps
+    read other features, and its head files went with it."""
     heads = dict(current)
-    stored = store.ramp_heads(model)
+    registered = store.model(model)
+    prepared = None if registered is None else registered["version"]
+    stored = [h for h in store.ramp_heads(model)
+              if prepared is None or h["prepared"] in (None, prepared)]
     for pin in pins:
         ramp_s, _, version_s = pin.partition("=")
         try:
@@ -30,8 +35,8 @@ def pinned_heads(store: Store, model: str, current: dict[int, str], pins: list[s
         match = [h for h in stored if h["ramp"] == ramp and h["version"] == version]
         if not match:
             have = sorted(h["version"] for h in stored if h["ramp"] == ramp)
-            raise ValueError(f"ramp {ramp} has no head version {version} (stored: "
-                             f"{have or 'none'}; 0 = the prepared head)")
+            raise ValueError(f"ramp {ramp} has no head version {version} for the model as "
+                             f"prepared now (stored: {have or 'none'}; 0 = the prepared head)")
         heads[ramp] = match[0]["file"]
     return heads
 

@@ -116,20 +116,28 @@ def register_prepared(store, model_dir: Path, budget: float) -> None:
         store.save_repository_candidates([candidate_row(model_dir)])
         return
     manifest = Manifest.load(model_dir)
+    before = store.model(manifest.name)
     store.register_model(manifest.to_dict(), str(model_dir))
     if manifest.kind == "supernet":  # its variants: what routers choose each batch from
         from services.prepare.supernet import subnet_rows
 
         store.save_subnet_profiles(manifest.name, manifest.meta["device"],
                                    subnet_rows(manifest), source="search")
-    if store.latest_exit_config(manifest.name) is None:
+    latest = store.latest_exit_config(manifest.name)
+    # A re-prepared model has new ramps: the thresholds, set and refitted heads in force
+    # were chosen for the old ones (whose head files went with the old preparation).
+    reprepared = before is not None and before["version"] != manifest.version
+    if latest is None or reprepared:
         active = initial_ramps(manifest, budget)  # never an untrained ramp
         untrained = sum(not r.trained for r in manifest.ramps)
         note = f"; {untrained} untrained, inactive until refitted" if untrained else ""
+        why = (f"re-prepared (version {before['version'][:12]} -> {manifest.version[:12]}): "
+               if reprepared and latest is not None else "")
         store.save_exit_config(manifest.name, {r.index: 0.0 for r in manifest.ramps}, active,
-                               "latency", f"initial deployment: {len(active)} of "
+                               latest.mode if latest is not None else "latency",
+                               f"{why}initial deployment: {len(active)} of "
                                f"{len(manifest.ramps)} ramps active (evenly spaced within the "
-                               f"ramp budget), thresholds 0{note}")
+                               f"ramp budget), thresholds 0, prepared heads{note}")
     if manifest.kind != "supernet":
         save_cap_estimates(store, manifest)
 

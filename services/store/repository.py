@@ -495,13 +495,16 @@ class Store(PlanHistory, VariantProfiles, HeliosHistory):
         return None if row is None else row._asdict()
 
     def save_ramp_head(self, model: str, ramp: int, version: int, file: str, sha256: str,
-                       trained_on: int, judged_on: int, verdict: dict[str, float]) -> None:
+                       trained_on: int, judged_on: int, verdict: dict[str, float],
+                       prepared: str | None = None) -> None:
         """Record version ``version`` of ``ramp``'s head (its file next to the model's) with
         the validation it passed: ``verdict`` holds serving_agreement, agreement,
-        serving_calibration and calibration. The same version twice is one row."""
+        serving_calibration and calibration; ``prepared``, the manifest version of the
+        preparation it was fitted to. The same version twice is one row."""
         stmt = self._insert(RampHead).values(
             model=model, ramp=int(ramp), version=int(version), file=file, sha256=sha256,
             trained_on=int(trained_on), judged_on=int(judged_on), created_at=utcnow(),
+            prepared=prepared,
             **{k: float(verdict[k]) for k in ("serving_agreement", "agreement",
                                                  "serving_calibration", "calibration")})
         stmt = stmt.on_conflict_do_nothing(

@@ -238,6 +238,8 @@ class RampHead(Base):
     serving_calibration: Mapped[float] = mapped_column(Float)  # expected calibration error
     calibration: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime)
+    # the preparation (its manifest version) the head was fitted to; NULL: not recorded
+    prepared: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class BatchProfile(Base):

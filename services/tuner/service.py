@@ -288,7 +288,8 @@ class Tuner:
                                     "serving_agreement": verdict.serving_agreement,
                                     "agreement": verdict.candidate_agreement,
                                     "serving_calibration": verdict.serving_calibration,
-                                    "calibration": verdict.candidate_calibration})
+                                    "calibration": verdict.candidate_calibration},
+                                tuner.manifest.version)
         tuner.next_version[ramp] = version + 1
         self.log.info("ramp head refitted %s", logs.kv(
             model=tuner.name, ramp=ramp, version=version, file=file, trained_on=trained,

@@ -16,6 +16,7 @@ from schemas.messages import ExitConfig, decode_map
 from schemas.telemetry import RampFeatures
 from services.common import config as config_mod
 from services.launcher.exit_config import pinned_heads
+from services.launcher.supervisor import register_prepared
 from services.runtime.manifest import Manifest
 from services.runtime.ramp_heads import load_head
 from services.store.migrate import upgrade
@@ -184,3 +185,39 @@ def test_a_ramp_returns_to_its_prepared_head_when_the_stream_does(env):
     assert r not in latest.heads and r not in mt.heads  # served from the prepared file again
     assert mt.learner.versions[r] == 0 and mt.head_since[r] == latest.version
     assert [h for h in env.store.ramp_heads(MODEL) if h["ramp"] == r] == stored  # no new file
+
+
+def test_heads_refitted_for_an_earlier_preparation_cannot_be_pinned(env):
+    manifest = Manifest.load(env.models_dir / MODEL)
+    env.store.register_model(manifest.to_dict(), str(env.models_dir / MODEL))
+    tuner = _tuner(env)
+    asyncio.run(_feed(tuner, _feature_msgs(env.models_dir, manifest, 6)))
+    newest = env.store.latest_ramp_heads(MODEL)
+    r, head = next(iter(newest.items()))
+    assert head["prepared"] == manifest.version
+    current = env.store.latest_exit_config(MODEL).heads
+    assert pinned_heads(env.store, MODEL, current, [f"{r}={head['version']}"])[r] == head["file"]
+    # the model is prepared again: its ramps changed, the refitted heads belong to the old ones
+    env.store.register_model({**manifest.to_dict(), "version": "f" * 64}, "/elsewhere")
+    with pytest.raises(ValueError, match=f"no head version {head['version']} for the model as "
+                                         "prepared now"):
+        pinned_heads(env.store, MODEL, current, [f"{r}={head['version']}"])
+
+
+def test_a_re_prepared_model_restarts_from_its_initial_deployment(env):
+    model_dir = env.models_dir / MODEL
+    manifest = Manifest.load(model_dir)
+    register_prepared(env.store, model_dir, 0.05)
+    first = env.store.latest_exit_config(MODEL)
+    register_prepared(env.store, model_dir, 0.05)  # the same preparation: nothing changes
+    assert env.store.latest_exit_config(MODEL).version == first.version
+    # an earlier preparation served refitted heads and tuned thresholds
+    env.store.register_model({**manifest.to_dict(), "version": "0" * 64}, str(model_dir))
+    r = manifest.ramps[0].index
+    env.store.save_exit_config(MODEL, {r: 0.4}, [r], "latency", "tuned",
+                               {r: f"ramp_{r}.v3.aaaaaaaaaaaa.onnx"})
+    register_prepared(env.store, model_dir, 0.05)
+    latest = env.store.latest_exit_config(MODEL)
+    assert latest.heads == {} and set(latest.thresholds.values()) == {0.0}
+    assert latest.active == first.active and latest.reason.startswith("re-prepared (version")
+    assert _tuner(env).models[MODEL].heads == {}  # a restarted tuner serves the prepared heads

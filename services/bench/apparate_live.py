@@ -277,6 +277,13 @@ def _latency_rows(doc: dict[str, Any]) -> list[str]:
                      f"{_change(r.get('serving_p50_change_by_run', [])):>10} "
                      f"{_change(r.get('serving_p95_change_by_run', [])):>10} "
                      f"{'-' if known is None else known:>9}")
+    lines.append("  the client's hops (its send to the router's receipt, and from the router "
+                 "learning the answer to the client holding it; one host's clock)")
+    lines.append(f"  {'policy':<13} {'in p50':>8} {'in p75':>8} {'back p50':>8}")
+    for name in ("vanilla", "static", *ADAPTIVE):
+        r = doc[name]
+        lines.append(f"  {name:<13} {_ms(r.get('way_in_p50_ms')):>8} "
+                     f"{_ms(r.get('way_in_p75_ms')):>8} {_ms(r.get('way_back_p50_ms')):>8}")
     return lines
 
 

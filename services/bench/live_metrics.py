@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from services.common.stats import percentile
-from services.loadgen.drive import Outcome
+from services.loadgen.drive import Outcome, way_back_ms
 from services.sim.replay import window_agreements
 
 
@@ -37,6 +37,7 @@ def run_summary(outcomes: Sequence[Outcome], reference: np.ndarray, window: int 
     else:
         out.update(p25_ms=None, p50_ms=None, p95_ms=None, mean_ms=None)
     out.update(_percentiles(serving, "serving_"), serving_known=int(serving.size))
+    out.update(hops(ok))
     out["agreement"] = float(agree.mean()) if agree.size else None
     out["worst_window_agreement"] = (float(window_agreements(agree, window).min())
                                      if agree.size else None)
@@ -62,6 +63,16 @@ def by_exit(ok: Sequence[Outcome]) -> dict[str, dict[str, Any]]:
         out[key] = {"n": len(g), "p50_ms": percentile(lat, 50), "p75_ms": percentile(lat, 75),
                     "serving_p50_ms": percentile(srv, 50), "serving_p75_ms": percentile(srv, 75)}
     return out
+
+
+def hops(ok: Sequence[Outcome]) -> dict[str, float | None]:
+    """The client's two hops around the router's serving time (``drive.attach_hops``): the
+    way in at p50 / p75 and the way back at p50. On a fast machine they weigh as much as the
+    model, and they are what separates a served saving from the client's."""
+    way_in = [o.way_in_ms for o in ok if o.way_in_ms is not None]
+    way_back = [b for o in ok if (b := way_back_ms(o)) is not None]
+    return {"way_in_p50_ms": percentile(way_in, 50), "way_in_p75_ms": percentile(way_in, 75),
+            "way_back_p50_ms": percentile(way_back, 50)}
 
 
 def _percentiles(ms: np.ndarray, prefix: str) -> dict[str, float | None]:
@@ -112,8 +123,8 @@ REFIT = "offramp+refit"
 ADAPTIVE = ("offramp", REFIT)  # the tuner's runs, without and with online ramp refits
 POLICIES = ("vanilla", "static", "offramp", REFIT, "oracle")
 SUMMED = ("p25_ms", "p50_ms", "p95_ms", "mean_ms", "serving_p25_ms", "serving_p50_ms",
-          "serving_p95_ms", "agreement", "worst_window_agreement",
-          "exit_rate")  # what the median over repeats covers
+          "serving_p95_ms", "way_in_p50_ms", "way_in_p75_ms", "way_back_p50_ms", "agreement",
+          "worst_window_agreement", "exit_rate")  # what the median over repeats covers
 
 
 def policy_docs(outcomes: dict[str, list], deployed: dict[str, Any], trace,

@@ -149,3 +149,7 @@ def test_ways_in_and_back_come_from_the_routers_receipt_on_one_clock():
     assert way_back_ms(outs[0]) == pytest.approx(1.5)
     assert way_back_ms(outs[1]) is None  # no way in known
     assert way_back_ms(outs[2]) is None  # no serving time known
+    s = run_summary(outs, np.zeros(4, np.int64))  # the bench's summary carries them
+    assert s["way_in_p50_ms"] == pytest.approx(1.5) and s["way_in_p75_ms"] == pytest.approx(1.75)
+    assert s["way_back_p50_ms"] == pytest.approx(1.5)
+    assert run_summary([_out(0, 0)], np.zeros(1, np.int64))["way_in_p50_ms"] is None

@@ -36,7 +36,10 @@ class GenerationRecord:
     answer token (0-based) the full model disagreed with, None when none did.
     ``judged_logprob``: the served model's own log-probability of the same tokens
     (teacher-forced) when another candidate answered while the worker held the served model
-    as judge (HELIOS's evaluation), so that candidates' perplexities compare; else None."""
+    as judge (HELIOS's evaluation), so that candidates' perplexities compare; else None.
+    A judged stream is reported twice: with ``judging`` set beside its terminal message (the
+    stream is on record even if the worker dies before the judge is done), then again with
+    ``judged_logprob``, which completes that record and adds nothing else."""
 
     id: str
     t: float                  # unix seconds the router received it
@@ -55,6 +58,12 @@ class GenerationRecord:
     feedback: list[tuple[int, float, int]] = field(default_factory=list)
     first_deviation: int | None = None
     judged_logprob: float | None = None
+    judging: bool = False     # the served model is scoring it: judged_logprob follows
+
+    @property
+    def completes(self) -> bool:
+        """Whether this record only completes one sent before with its judged score."""
+        return self.judged_logprob is not None
 
     @property
     def checked(self) -> int:
@@ -78,7 +87,8 @@ class GenerationRecord:
                 "first_deviation": (None if self.first_deviation is None
                                     else int(self.first_deviation)),
                 "judged_logprob": (None if self.judged_logprob is None
-                                   else float(self.judged_logprob))}
+                                   else float(self.judged_logprob)),
+                "judging": bool(self.judging)}
 
     @classmethod
     def from_map(cls, rec: Any, i: int) -> GenerationRecord:
@@ -101,7 +111,8 @@ class GenerationRecord:
                    duration_ms=r.number("duration_ms"), logprob=r.number("logprob"),
                    exits={k: int(v) for k, v in exits.items()}, breach_at=breach_at,
                    memory_bytes=r.integer("memory_bytes"), feedback=feedback,
-                   first_deviation=first, judged_logprob=r.number("judged_logprob", None))
+                   first_deviation=first, judged_logprob=r.number("judged_logprob", None),
+                   judging=r.flag("judging", False))
 
 
 def _triples(r: FieldReader, name: str) -> list[list[float]]:

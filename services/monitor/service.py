@@ -95,7 +95,7 @@ class Monitor:
                                  key: str) -> None:
         rows = [generation_row(telemetry, r) for r in telemetry.records]
         await asyncio.to_thread(self.store.add_generations, rows, f"gen:{key}")
-        self.generations_stored += len(rows)
+        self.generations_stored += sum(not r.completes for r in telemetry.records)
         await msg.ack()
 
     async def _add_samples(self, msg: Msg, telemetry: SampleTelemetry, key: str) -> None:
@@ -144,7 +144,8 @@ def generation_row(telemetry: GenerationTelemetry, r: GenerationRecord) -> dict:
             "ttft_ms": r.ttft_ms, "tpot_ms": r.tpot_ms, "duration_ms": r.duration_ms,
             "logprob": r.logprob, "exits": r.exits, "breaches": len(r.breach_at),
             "memory_bytes": r.memory_bytes, "checked": r.checked, "agreed": r.agreed,
-            "first_deviation": r.first_deviation, "judged_logprob": r.judged_logprob}
+            "first_deviation": r.first_deviation, "judged_logprob": r.judged_logprob,
+            "judging": r.judging}
 
 
 async def subscribe(nc: Client):

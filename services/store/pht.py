@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import DateTime, bindparam, func, insert, select, text
+from sqlalchemy import DateTime, bindparam, false, func, insert, select, text
 
 from services.store.db import naive_utc, utcnow
 from services.store.tables import Generation, HeliosDecision, PhtEntry, RepositoryCandidate
@@ -34,7 +34,7 @@ DECISION_KINDS = ("evaluate", "load", "unload", "switch", "stay")
 GENERATION_COLUMNS = ("id", "request_id", "model", "worker", "received_at", "candidate",
                       "depth", "assessment", "prompt_tokens", "tokens", "ttft_ms", "tpot_ms",
                       "duration_ms", "logprob", "exits", "breaches", "memory_bytes", "checked",
-                      "agreed", "first_deviation", "judged_logprob")
+                      "agreed", "first_deviation", "judged_logprob", "judging")
 
 # Which candidate and depth served each request of a model, and why: the decision in force
 # when the request arrived (the newest one at or before it). One query on both back ends.
@@ -84,7 +84,8 @@ def _generation_row(r: Mapping[str, Any]) -> dict[str, Any]:
             "breaches": int(r["breaches"]), "memory_bytes": int(r["memory_bytes"]),
             "checked": int(r.get("checked", 0)), "agreed": int(r.get("agreed", 0)),
             "first_deviation": _opt(int, r.get("first_deviation")),
-            "judged_logprob": _opt(float, r.get("judged_logprob"))}
+            "judged_logprob": _opt(float, r.get("judged_logprob")),
+            "judging": bool(r.get("judging", False))}
 
 
 class HeliosHistory:
@@ -143,19 +144,24 @@ class HeliosHistory:
         ``worker``, ``received_at``, ``candidate``, ``depth``, ``assessment`` (None: outside
         any), ``prompt_tokens``, ``tokens``, ``ttft_ms``, ``tpot_ms``, ``duration_ms``,
         ``logprob``, ``exits`` ({layer: tokens}), ``breaches``, ``memory_bytes``. Returns the
-        rows offered, 0 when the batch ``ingest_key`` was stored before; a stream already
-        stored (same model and request id) keeps its row."""
+        rows offered, 0 when the batch ``ingest_key`` was stored before. A stream already
+        stored (same model and request id) keeps its row, except that a ``judging`` row takes
+        the ``judged_logprob`` of the record that completes it (``judging`` false)."""
         table = Generation.__table__
-        once = self._insert(table).on_conflict_do_nothing(
-            index_elements=["model", "request_id"], index_where=text("request_id <> ''"))
+        ins = self._insert(table)
+        once = ins.on_conflict_do_update(
+            index_elements=["model", "request_id"], index_where=text("request_id <> ''"),
+            set_={"judged_logprob": ins.excluded.judged_logprob, "judging": false()},
+            where=table.c.judging.is_(True) & ins.excluded.judging.is_(False))
         return self._ingest(table, [_generation_row(r) for r in rows], ingest_key, once)
 
     def generations(self, model: str, assessment: int) -> list[dict[str, Any]]:
         """The streams of ``model`` that counted toward ``assessment``, in the order stored,
-        with every column (``GENERATION_COLUMNS``)."""
+        with every column (``GENERATION_COLUMNS``); not those still being judged."""
         g = Generation
         q = (select(*(getattr(g, c) for c in GENERATION_COLUMNS))
-             .where(g.model == model, g.assessment == int(assessment)).order_by(g.id))
+             .where(g.model == model, g.assessment == int(assessment), g.judging.is_(False))
+             .order_by(g.id))
         with self.engine.connect() as conn:
             rows = [row._asdict() for row in conn.execute(q)]
         for r in rows:
@@ -176,11 +182,12 @@ class HeliosHistory:
     def assessment_progress(self, model: str, assessment: int) -> list[dict[str, Any]]:
         """What ``assessment`` of ``model`` has served so far, per candidate and depth:
         ``candidate``, ``depth``, ``requests`` (streams), ``tokens`` and ``last_at`` (the
-        newest stream's arrival). Its PHT row has caught up when its ``tokens`` are these."""
+        newest stream's arrival). Its PHT row has caught up when its ``tokens`` are these.
+        Streams still being judged are not counted yet: the PHT leaves them out too."""
         g = Generation
         q = (select(g.candidate, g.depth, func.count().label("requests"),
                     func.sum(g.tokens).label("tokens"), func.max(g.received_at).label("last_at"))
-             .where(g.model == model, g.assessment == int(assessment))
+             .where(g.model == model, g.assessment == int(assessment), g.judging.is_(False))
              .group_by(g.candidate, g.depth).order_by(g.candidate, g.depth))
         with self.engine.connect() as conn:
             return [row._asdict() for row in conn.execute(q)]

@@ -24,6 +24,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -401,3 +402,5 @@ class Generation(Base):
     first_deviation: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # the served model's log-probability of these tokens when another candidate answered
     judged_logprob: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the served model is still scoring it: judged_logprob comes later; out of the PHT until
+    judging: Mapped[bool] = mapped_column(Boolean, server_default=false())

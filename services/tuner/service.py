@@ -32,6 +32,7 @@ import asyncio
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 from nats.aio.client import Client
@@ -409,6 +410,10 @@ class Tuner:
             telemetry = GenerationTelemetry.decode(decode_map(msg.data))
         except Exception as exc:  # noqa: BLE001 - a bad message must not stop the tuner
             self.log.error("bad generation telemetry on %s: %r", msg.subject, exc)
+            return
+        # a record that completes one with its judged score brings no new tokens
+        telemetry = replace(telemetry, records=[r for r in telemetry.records if not r.completes])
+        if not telemetry.records:
             return
         try:
             await self.generation.observe(telemetry)

@@ -14,6 +14,7 @@ it as ``variant``), its terminal message and the router's release leave in one w
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import socket
 import time
@@ -284,10 +285,9 @@ class LlmWorker:
             self._drained(stream.id, now)
             record = stream.record(now, memory)
             judge = self._judge_for(stream)
-            self._end(stream.reply, stream.router, stream.id,
-                      stream.done(now),
-                      self._row(stream.id, stream.received, OK, stream),
-                      record if judge is None else None)
+            record.judging = judge is not None  # on record now; its score completes it later
+            self._end(stream.reply, stream.router, stream.id, stream.done(now),
+                      self._row(stream.id, stream.received, OK, stream), record)
             if judge is not None:
                 self._send_judged(record, judge, stream)
 
@@ -301,19 +301,22 @@ class LlmWorker:
 
     def _send_judged(self, record: GenerationRecord, judge: LoadedLlm,
                      stream: GenStream) -> None:
-        """``record`` with the judge's log-probability of its tokens, once the decoding
-        thread scored them (between rounds); unscored if scoring fails."""
+        """The record that completes ``record`` (sent with ``judging``) with the judge's
+        log-probability of its tokens, once the decoding thread scored them (between
+        rounds); none if scoring fails, so the stream stays out of the PHT."""
         future = asyncio.get_running_loop().run_in_executor(
             self.decoding, judged_logprob, judge, list(stream.prompt), list(stream.tokens))
 
         def send(done: asyncio.Future) -> None:
             try:
-                record.judged_logprob = done.result()
-            except Exception as exc:  # noqa: BLE001 - the record still counts, unjudged
+                score = done.result()
+            except Exception as exc:  # noqa: BLE001 - the stream is on record, unjudged
                 self.log.error("cannot judge stream %s: %r", record.id, exc)
+                return
+            completing = dataclasses.replace(record, judged_logprob=score, judging=False)
             self.records_sent += 1
             publish_all(self.nc, [(subjects.telemetry_generation(self.name),
-                                   GenerationTelemetry(self.name, self.id, [record]).encode(),
+                                   GenerationTelemetry(self.name, self.id, [completing]).encode(),
                                    f"{self.id}:j{self.records_sent}")], self.log)
 
         future.add_done_callback(send)

@@ -22,7 +22,8 @@ def gen(rid: str, candidate: str = "opt-1.3b", depth: int = 12, assessment: int 
             "depth": depth, "assessment": assessment, "prompt_tokens": 7, "tokens": tokens,
             "ttft_ms": 40.0, "tpot_ms": 20.0, "duration_ms": 240.0, "logprob": -5.5,
             "exits": {6: tokens - 2, 12: 2}, "breaches": 1, "memory_bytes": 3_000_000_000,
-            "checked": 2, "agreed": 1, "first_deviation": 4, "judged_logprob": -6.25}
+            "checked": 2, "agreed": 1, "first_deviation": 4, "judged_logprob": -6.25,
+            "judging": False}
 
 
 def _count(store: Store) -> int:
@@ -50,6 +51,24 @@ def test_streams_round_trip_with_every_column(store: Store) -> None:
         **gen("g1"), "exits": {6: 8, 12: 2}}  # int layer keys, as stored from ints
     assert first["id"] < second["id"]
     assert store.generations("chat", 2) == [] and store.generations("other", 1) == []
+
+
+def test_a_stream_being_judged_is_kept_and_counts_once_its_score_completes_it(
+        store: Store) -> None:
+    pending = {**gen("g2"), "judged_logprob": None, "judging": True}
+    store.add_generations([gen("g1"), pending], "gen:w1:1")
+    assert _count(store) == 2  # on record, though its judge has not scored it yet
+    assert [r["request_id"] for r in store.generations("chat", 1)] == ["g1"]
+    assert store.assessment_progress("chat", 1)[0]["tokens"] == 10  # the PHT waits for it
+    store.add_generations([{**gen("g2"), "judged_logprob": -9.0}], "gen:w1:j2")  # completes
+    _, g2 = store.generations("chat", 1)
+    assert (g2["judged_logprob"], g2["judging"], g2["logprob"]) == (-9.0, False, -5.5)
+    assert store.assessment_progress("chat", 1)[0]["tokens"] == 20
+    store.add_generations([pending], "gen:w1:1-again")  # a late redelivery undoes nothing
+    store.add_generations([{**gen("g1"), "judged_logprob": -1.0}], "gen:w1:j1")  # not judging
+    assert [(r["judged_logprob"], r["judging"]) for r in store.generations("chat", 1)] == [
+        (-6.25, False), (-9.0, False)]
+    assert _count(store) == 2
 
 
 def test_a_redelivered_batch_or_a_stream_stored_twice_adds_nothing(store: Store) -> None:

@@ -96,6 +96,18 @@ def _records(writes, rid: str):
     return rows, gens
 
 
+def _sent_before_terminal(writes, rid: str) -> bool:
+    """Whether ``rid``'s first generation record went out in the write that ended its
+    stream, ahead of the terminal message."""
+    for w in writes:
+        subjects_sent = [s for s, *_ in w]
+        gens = [i for i, (s, d, *_) in enumerate(w) if s.startswith("offramp.telemetry.generation.")
+                and GenerationTelemetry.decode(decode_map(d)).records[0].id == rid]
+        if gens:
+            return f"_INBOX.{rid}" in subjects_sent[gens[0]:]
+    return False
+
+
 def _greedy(models: Path, prompt: str, n: int, name: str = MODEL) -> list[int]:
     from services.runtime.llm_model import load
 
@@ -191,7 +203,7 @@ def test_an_evaluated_candidates_streams_are_judged_by_the_served_model(models):
             await asyncio.sleep(0.002)
         assert w.judge is not None  # the served model, kept while the twin is evaluated
         submit(GenerateRequest("e", MODEL, 6, prompt="The sea"))
-        while not _records(writes_so_far, "e")[1]:
+        while len(_records(writes_so_far, "e")[1]) < 2:  # on record, then judged
             await asyncio.sleep(0.005)
         w.on_choice(_choice(4, MODEL))  # back to the served model: the judge, no read
         while w.candidate != MODEL:
@@ -199,7 +211,11 @@ def test_an_evaluated_candidates_streams_are_judged_by_the_served_model(models):
 
     writes_so_far: list = []
     writes, (w,) = _run(models, plan, writes_so_far)
-    rows, (gen,) = _records(writes, "e")
+    rows, (pending, gen) = _records(writes, "e")
+    # the stream went on record with its terminal message; the judge's score completed it
+    assert pending.judging and pending.judged_logprob is None and not pending.completes
+    assert gen.completes and not gen.judging and gen.tokens == pending.tokens
+    assert _sent_before_terminal(writes, "e")
     assert rows[0].variant == "tiny-twin@6" and gen.candidate == "tiny-twin"
     # the twin has the served model's weights: the judge's log-probability is its own
     assert gen.judged_logprob == pytest.approx(gen.logprob, abs=1e-3) and gen.logprob < 0
@@ -234,7 +250,7 @@ def test_after_its_share_of_streams_an_evaluated_candidate_hands_new_ones_back(m
         while w.candidate != MODEL:
             await asyncio.sleep(0.001)
         assert w.old is not None  # back; e1 and e2 end on the twin
-        while not all(_records(sent, rid)[1] for rid in ("e1", "e2")):  # judged, then sent
+        while not all(len(_records(sent, rid)[1]) == 2 for rid in ("e1", "e2")):  # judged
             await asyncio.sleep(0.005)
 
     sent: list = []
@@ -246,8 +262,9 @@ def test_after_its_share_of_streams_an_evaluated_candidate_hands_new_ones_back(m
     own = _until_eos(_greedy(models, "The sea", 20), w.eos)
     assert other != own  # the candidates answer differently: who decoded what shows
     for rid in ("e1", "e2"):
-        rows, (gen,) = _records(writes, rid)
-        assert rows[0].variant == "tiny-other@6" and gen.judged_logprob is not None
+        rows, (pending, gen) = _records(writes, rid)
+        assert pending.judging and rows[0].variant == "tiny-other@6"
+        assert gen.judged_logprob is not None
         assert _tokens(writes, rid) == other  # decoded by it alone, beside the served model
         assert gen.judged_logprob != pytest.approx(gen.logprob)  # judged by the other model
     rows, (gen,) = _records(writes, "e3")

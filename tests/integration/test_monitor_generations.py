@@ -23,8 +23,9 @@ LOG = logging.getLogger("test")
 T = 1_900_000_000.25
 SERVED = GenerationRecord("g-1", T, "opt-1.3b", 12, 3, prompt_tokens=7, tokens=5, ttft_ms=40.0,
                           tpot_ms=20.0, duration_ms=120.0, logprob=-2.5, exits={6: 3, 12: 2},
-                          breach_at=[1, 4], memory_bytes=3_000_000_000, judged_logprob=-3.5)
-OUTSIDE = dataclasses.replace(SERVED, id="g-2", assessment=None, breach_at=[])
+                          breach_at=[1, 4], memory_bytes=3_000_000_000, judging=True)
+OUTSIDE = dataclasses.replace(SERVED, id="g-2", assessment=None, breach_at=[], judging=False)
+JUDGED = dataclasses.replace(SERVED, judged_logprob=-3.5, judging=False)  # completes g-1
 
 
 async def _publish_and_store(url: str, store: Store) -> tuple[dict, dict]:
@@ -36,8 +37,10 @@ async def _publish_and_store(url: str, store: Store) -> tuple[dict, dict]:
     await js.publish(subject, report, headers={MSG_ID: "chat-s0-abcdef:1"})
     await js.publish(subject, pack({"v": 1, "model": "chat"}), headers={MSG_ID: "bad:1"})
     await js.publish(subject, report, headers={MSG_ID: "chat-s0-abcdef:2"})  # a resend
+    await js.publish(subject, GenerationTelemetry("chat", "chat-s0-abcdef", [JUDGED]).encode(),
+                     headers={MSG_ID: "chat-s0-abcdef:j3"})
     monitor = Monitor(nc, config.load(), store, LOG)
-    for msg in await psub.fetch(3, timeout=5.0):
+    for msg in await psub.fetch(4, timeout=5.0):
         await monitor.handle(msg)
     await nc.subscribe(subjects.STATUS_MONITOR, cb=monitor.on_status)
     status = unpack((await nc.request(subjects.STATUS_MONITOR, b"", timeout=5.0)).data)
@@ -62,4 +65,5 @@ def test_generation_telemetry_becomes_rows_once(store: Store, tmp_path: Path) ->
         rows = conn.exec_driver_sql(
             "SELECT request_id, assessment FROM generations ORDER BY id").fetchall()
     assert [tuple(r) for r in rows] == [("g-1", 3), ("g-2", None)]  # the resend added nothing
+    # streams offered, the resend included; the record completing g-1 is no new stream
     assert status["generations_stored"] == 4 and status["requests_stored"] == 0

@@ -21,12 +21,15 @@ from services.tuner.service import Tuner
 MODEL = "llm"
 
 
-def telemetry(n: int, tokens: int, breached: int, depth: int = 6) -> bytes:
-    """``n`` streams of ``tokens`` tokens, the first ``breached`` of each breaching."""
+def telemetry(n: int, tokens: int, breached: int, depth: int = 6,
+              judged: float | None = None) -> bytes:
+    """``n`` streams of ``tokens`` tokens, the first ``breached`` of each breaching
+    (``judged``: records that complete streams sent before, with that judged score)."""
     recs = [GenerationRecord(id=f"s{i}", t=0.0, candidate="a", depth=depth, assessment=1,
                              prompt_tokens=4, tokens=tokens, ttft_ms=1.0, tpot_ms=1.0,
                              duration_ms=1.0, logprob=-1.0, exits={depth: tokens},
-                             breach_at=list(range(breached))) for i in range(n)]
+                             breach_at=list(range(breached)), judged_logprob=judged)
+            for i in range(n)]
     return GenerationTelemetry(MODEL, "w1", recs).encode()
 
 
@@ -54,6 +57,7 @@ async def scenario(tmp_path: Path) -> list[BreachAlert]:
         await nc.publish(dec, HeliosChoice(MODEL, 1, "load", "a", 6, 1).encode())
         await nc.publish(gen, telemetry(4, 10, 10, depth=12))  # the old depth: not counted
         await nc.publish(gen, telemetry(5, 20, 10))  # 50 of 100: tolerated
+        await nc.publish(gen, telemetry(5, 20, 20, judged=-2.0))  # completions: not again
         await settle(nc)
         assert got == []
         await nc.publish(gen, telemetry(5, 20, 20))  # trips, then silent until a decision

@@ -32,6 +32,7 @@ from services.sim.replay import (
     REFIT,
     PolicyResult,
     arrivals_for,
+    refit_plan,
     run_replay,
 )
 from services.sim.trace import Trace, TraceError
@@ -268,14 +269,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     ctl = {k: v for k, v in (("tune_window", args.tune_window),
                              ("slack_windows", args.slack_windows)) if v is not None}
-    native = config.load().tuner_native
+    cfg = config.load()
+    native = cfg.tuner_native
     backlog = FEEDBACK_BACKLOG if args.feedback_backlog is None else args.feedback_backlog
     print(f"replaying {trace.n_samples} samples x {trace.n_sites} ramps ...", file=sys.stderr,
           flush=True)
     results = run_replay(trace, arrivals, constraint=args.constraint, budget=args.budget,
                          delay_s=args.delay_ms / 1e3, grid_rounds=args.grid_rounds,
                          controller=ctl, feedback_backlog=backlog,
-                         climb=climb_native.best_climb(native))  # as the live tuner climbs
+                         climb=climb_native.best_climb(native),  # as the live tuner climbs
+                         refit=refit_plan(trace, cfg.ramp_feature_rate, cfg.ramp_feature_boost))
     meta = {**trace.meta, "n_samples": trace.n_samples, "n_sites": trace.n_sites,
             "full_ms": float(trace.prefix_ms[-1])}
     params = {"constraint": args.constraint, "budget": args.budget,

@@ -52,7 +52,7 @@ from services.launcher.exit_config import set_exit_config
 from services.launcher.supervisor import prepare_state
 from services.loadgen.live import adaptive_run, running_stack, stream_live
 from services.runtime.manifest import Manifest
-from services.sim.replay import run_replay
+from services.sim.replay import refit_plan, run_replay
 from services.sim.trace import Trace, TraceError, record_trace
 from services.sim.workload_inputs import workload_chunks
 from services.store.repository import Store
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TraceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    replay = _replay(trace, arrival_s, args, cfg.feedback_backlog)
+    replay = _replay(trace, arrival_s, args, cfg)
     static_t = replay["static"].extra["threshold"]
     ids = [int(i) for i in trace.meta["ramp_ids"]]
 
@@ -146,14 +146,15 @@ def _full_ms(manifest) -> float:
     return LatencyProfile.from_manifest(manifest).full_ms
 
 
-def _replay(trace, arrival_s: np.ndarray, args: argparse.Namespace, backlog: int) -> dict:
+def _replay(trace, arrival_s: np.ndarray, args: argparse.Namespace, cfg) -> dict:
     """Static's threshold and the tuner's timings, replayed like the workers serve."""
     ctl = {k: v for k, v in (("tune_window", args.tune_window),
                              ("slack_windows", args.slack_windows)) if v is not None}
     return run_replay(trace, arrival_s, constraint=args.constraint, budget=args.budget,
                       grid_rounds=args.grid_rounds, controller=ctl,
                       policies=("static", "offramp", REFIT),
-                      feedback_backlog=backlog, climb=best_climb())
+                      feedback_backlog=cfg.feedback_backlog, climb=best_climb(),
+                      refit=refit_plan(trace, cfg.ramp_feature_rate, cfg.ramp_feature_boost))
 
 
 def _live_runs(cfg, model: str, manifest, inputs: list, arrival_s: np.ndarray,

@@ -47,6 +47,9 @@ class Config:
     # samples per worker; 0.25 keeps their cost (~6 % of a batch) within the 2 % ramp budget
     ramp_feature_rate: float = 0.25
     ramp_feature_max_per_s: float = 200.0
+    # while few rows exit early, sample this many times the rate from credit banked while
+    # most do (the long-run share stays the rate; 1: a fixed rate)
+    ramp_feature_boost: float = 2.0
     shadow_rate: float = 0.05  # compute mode: share of requests kept as feedback (shadow)
     profile_window_s: float = 10.0  # batch-profile window of the profiler (E3 uses 2 min)
     plan_interval_s: float = 120.0  # the optimizer re-plans at least this often
@@ -111,6 +114,7 @@ class Config:
             "OFFRAMP_TUNER_NATIVE": "1" if self.tuner_native else "0",
             "OFFRAMP_RAMP_FEATURE_RATE": str(self.ramp_feature_rate),
             "OFFRAMP_RAMP_FEATURE_MAX_PER_S": str(self.ramp_feature_max_per_s),
+            "OFFRAMP_RAMP_FEATURE_BOOST": str(self.ramp_feature_boost),
             "OFFRAMP_REFIT": "1" if self.refit else "0",
             "OFFRAMP_SHADOW_RATE": str(self.shadow_rate),
             "OFFRAMP_PROFILE_WINDOW_S": str(self.profile_window_s),
@@ -228,6 +232,7 @@ def _load() -> Config:
         tuner_native=_env("OFFRAMP_TUNER_NATIVE", "1") != "0",
         ramp_feature_rate=_fraction("OFFRAMP_RAMP_FEATURE_RATE", "0.25"),
         ramp_feature_max_per_s=_non_negative_float("OFFRAMP_RAMP_FEATURE_MAX_PER_S", "200"),
+        ramp_feature_boost=_at_least_one("OFFRAMP_RAMP_FEATURE_BOOST", "2"),
         refit=_env("OFFRAMP_REFIT", "1") != "0",
         shadow_rate=_fraction("OFFRAMP_SHADOW_RATE", "0.05"),
         profile_window_s=_positive_float("OFFRAMP_PROFILE_WINDOW_S", "10"),
@@ -304,7 +309,7 @@ def _non_negative_float(name: str, default: str) -> float:
 def _at_least_one(name: str, default: str) -> float:
     value = _non_negative_float(name, default)
     if value < 1:
-        raise ConfigError(f"{name}={value}: must be >= 1 (1: no headroom)")
+        raise ConfigError(f"{name}={value}: must be >= 1")
     return value
 
 

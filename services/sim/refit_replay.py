@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from services.exits.scores import exit_score
 from services.sim.trace import Trace, TraceError
 from services.tuner.ramp_learner import LearnerConfig, RampLearner
 from services.tuner.refit import RefitConfig
+from services.worker.feature_sampling import FeatureSampler
 
 REFIT = "offramp+refit"
 
@@ -33,6 +35,7 @@ class RefitPlan:
 
     cfg: RefitConfig = field(default_factory=RefitConfig)
     feature_rate: float = 0.25         # share of samples whose features come back (as live)
+    feature_boost: float = 2.0         # ... boosted while few exit (as live, FeatureSampler)
     every: int = 64                    # sampled samples between refit rounds
     soft_temperature: float | None = None  # softmax targets at this temperature (else top-1)
     seed: int = 0                      # which samples are sampled
@@ -47,8 +50,8 @@ class ReplayRefits:
         f = trace.features
         if f is None:
             raise TraceError(f"{REFIT} needs a trace recorded with --features")
-        if not 0.0 < plan.feature_rate <= 1.0 or plan.every < 1:
-            raise ValueError("feature_rate must be in (0, 1] and every >= 1")
+        if not 0.0 < plan.feature_rate <= 1.0 or plan.every < 1 or plan.feature_boost < 1:
+            raise ValueError("feature_rate must be in (0, 1], feature_boost >= 1 and every >= 1")
         self.plan, self.features = plan, f
         self.score_kind = str(trace.meta.get("score", "max_softmax"))
         self.view = dataclasses.replace(trace, ramp_pred=trace.ramp_pred.copy(),
@@ -59,7 +62,10 @@ class ReplayRefits:
             LearnerConfig(plan.cfg, plan.every, plan.soft_temperature, plan.evidence),
             classes=f.final_logits.shape[1] if soft else 0)
         self.final_pred, self.final_logits = trace.final_pred, f.final_logits if soft else None
-        self.sampled = np.random.default_rng(plan.seed).random(trace.n_samples) < plan.feature_rate
+        # the worker's sampler, one sample a batch (no per-second limit: replay has no clock)
+        self.sampler = FeatureSampler(plan.feature_rate, 1e12, plan.seed,
+                                      plan.feature_boost)
+        self.sampled = np.zeros(trace.n_samples, bool)
         self.next_serve = 0    # samples below this were served: their answers stay
         self.log: list[dict[str, Any]] = []
         self.refit_ms: list[float] = []
@@ -69,7 +75,18 @@ class ReplayRefits:
         return [self.learner.versions[k] for k in sorted(self.learner.versions)]
 
     def served(self, i: int) -> None:
+        """Sample ``i`` is being served: whether its features will come back is decided
+        now, as a worker decides before it runs a batch."""
         self.next_serve = max(self.next_serve, i + 1)
+        self.sampled[i] = len(self.sampler.rows(str(i), 1, 0.0)) > 0
+
+    def serve(self, i: int, inner: Callable[[int], tuple]) -> tuple:
+        """Serve sample ``i`` with ``inner`` (a replay server, the exit site last), its
+        sampling decided first and its exit fed to the sampler."""
+        self.served(i)
+        got = inner(i)
+        self.sampler.exited(1, int(got[3] >= 0))
+        return got
 
     def feedback(self, i: int, t: float) -> list[tuple[int, LinearHead]]:
         """Sample ``i``'s feedback arrived at ``t``: the heads a refit round accepted, if one

@@ -33,6 +33,7 @@ pass (timeit's rule: on a shared machine the noise only ever adds time).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -297,9 +298,7 @@ def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
     def serve(i: int) -> tuple[float, float, int, int]:
         served[i] = deployed["cfg"][0]
         n_active[i] = len(served[i])
-        if refits is not None:
-            refits.served(i)
-        return inner(i)
+        return inner(i) if refits is None else refits.serve(i, inner)
 
     def deploy_at(t: float, d: TunerDecision, heads: list | None = None) -> tuple:
         cfg = (d.active, d.thresholds)
@@ -342,11 +341,19 @@ def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
                    counts=dict(controller.counts), params=controller.params(), **extra)
 
 
-def refit_plan(trace: Trace) -> RefitPlan:
+def refit_plan(trace: Trace, feature_rate: float = 0.0, feature_boost: float | None = None
+               ) -> RefitPlan:
     """The default refit plan for a trace: softmax targets where the model's ramps learn
-    the final softmax (their temperature is in the trace's meta), else top-1."""
+    the final softmax (their temperature is in the trace's meta), else top-1; features fed
+    back at the workers' ``feature_rate`` and ``feature_boost`` (``OFFRAMP_RAMP_FEATURE_*``;
+    0 and None: the plan's defaults, the live defaults)."""
     temperature = trace.meta.get("soft_temperature")
-    return RefitPlan(soft_temperature=None if temperature is None else float(temperature))
+    plan = RefitPlan(soft_temperature=None if temperature is None else float(temperature))
+    if feature_rate > 0:
+        plan = dataclasses.replace(plan, feature_rate=feature_rate)
+    if feature_boost is not None:
+        plan = dataclasses.replace(plan, feature_boost=feature_boost)
+    return plan
 
 
 def fastest_pass(a: PolicyResult, b: PolicyResult) -> dict[str, list[float]]:

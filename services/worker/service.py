@@ -120,7 +120,8 @@ class Worker(ComputeMode):
         self.backlog = FeedbackBacklog(cfg.feedback_backlog)
         # pooled features at this stage's ramp sites for a sample of inputs (online ramp
         # refits); only the last stage knows the final answers they are labelled with
-        self.sampler = FeatureSampler(cfg.ramp_feature_rate, cfg.ramp_feature_max_per_s)
+        self.sampler = FeatureSampler(cfg.ramp_feature_rate, cfg.ramp_feature_max_per_s,
+                                      boost=cfg.ramp_feature_boost)
         self.want_features = plan.is_last and bool(self.ramps) and self.sampler.enabled
         self.shadow = ShadowSampler(cfg.shadow_rate)  # compute mode's feedback sample
         self.stopping = False
@@ -387,6 +388,9 @@ class Worker(ComputeMode):
                              features=len(sampled) > 0, variant=variant)
         if rerun is None:  # a re-run for feedback is the same batch again: metered once
             self.batch_sizes.observe(len(batch.ids))
+            if self.want_features and not capped:  # set aside: every row answered early
+                self.sampler.exited(len(batch.ids), len(batch.ids) if out is None
+                                    else int((out.exit_at >= 0).sum()))
         if out is None:  # gave way to a waiting request: set aside, its feedback comes later
             return
         if rerun is not None:

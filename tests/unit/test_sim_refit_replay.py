@@ -8,7 +8,7 @@ import pytest
 
 from services.exits.scores import exit_score
 from services.sim.refit_replay import REFIT, RefitPlan, ReplayRefits
-from services.sim.replay import run_replay
+from services.sim.replay import refit_plan, run_replay
 from services.sim.trace import Trace, TraceError, TraceFeatures
 
 K, C, N = 12, 8, 2400
@@ -37,7 +37,7 @@ def test_refits_find_the_savings_the_stale_heads_cannot():
     out = run_replay(tr, tr.arrival_s, policies=("vanilla", "offramp", REFIT), grid_rounds=0,
                      timing_passes=1)
     off, ref = out["offramp"], out[REFIT]
-    assert max(ref.extra["head_versions"]) >= 1
+    assert any(e.get("deployed_version", 0) >= 1 for e in ref.extra["refits"])
     assert ref.agreement >= 0.99 and off.agreement >= 0.99
     assert ref.summary()["exit_rate"] > off.summary()["exit_rate"] + 0.2
     assert ref.latency_ms.mean() < 0.8 * off.latency_ms.mean()
@@ -70,10 +70,14 @@ def test_a_round_s_accepted_head_is_the_learner_s_before_it_is_served():
     tr = shifted_trace()
     refits = ReplayRefits(tr)
     before = refits.view.ramp_score.copy()
-    accepted = [h for i in range(tr.n_samples) for h in refits.feedback(i, float(i))]
+    accepted = []
+    for i in range(tr.n_samples):
+        refits.served(i)  # whether its features come back is decided as it is served
+        accepted += refits.feedback(i, float(i))
     assert accepted, "the shifted trace gives refits something to gain"
     site, head = accepted[-1]
-    assert refits.learner.heads[site] is head and refits.versions[site] >= 1
+    assert refits.learner.heads[site] is head
+    assert any(e.get("accepted") and e["returned_to"] is None for e in refits.log)  # a new fit
     assert np.array_equal(refits.view.ramp_score, before)  # served only once applied
 
 
@@ -85,3 +89,14 @@ def test_refit_needs_features_and_sane_plans():
     assert REFIT not in run_replay(bare, np.arange(N) * 0.02, policies=(REFIT,), grid_rounds=0)
     with pytest.raises(ValueError, match="feature_rate"):
         ReplayRefits(tr, RefitPlan(feature_rate=0.0))
+
+
+def test_the_plan_feeds_back_as_the_workers_are_configured():
+    tr = shifted_trace()
+    default = refit_plan(tr)
+    assert (default.feature_rate, default.feature_boost) == (0.25, 2.0)  # the live defaults
+    got = refit_plan(tr, 0.5, 1.0)
+    assert (got.feature_rate, got.feature_boost) == (0.5, 1.0)
+    assert refit_plan(tr, 0.0).feature_rate == 0.25  # a stack without features: the default
+    with pytest.raises(ValueError, match="feature_boost"):
+        ReplayRefits(tr, RefitPlan(feature_boost=0.5))

@@ -146,7 +146,8 @@ def _full_ms(manifest) -> float:
     return LatencyProfile.from_manifest(manifest).full_ms
 
 
-def _replay(trace, arrival_s: np.ndarray, args: argparse.Namespace, cfg) -> dict:
+def _replay(trace, arrival_s: np.ndarray, args: argparse.Namespace, cfg: config_mod.Config
+            ) -> dict:
     """Static's threshold and the tuner's timings, replayed like the workers serve."""
     ctl = {k: v for k, v in (("tune_window", args.tune_window),
                              ("slack_windows", args.slack_windows)) if v is not None}

@@ -92,7 +92,9 @@ def test_models_match_migrated_schema(url: str) -> None:
 
 def test_concurrent_upgrades_all_succeed(url: str) -> None:
     # Every service process may run `upgrade` when it starts; none of them may fail.
-    with multiprocessing.get_context("fork").Pool(3) as pool:
+    # Spawned, not forked: a fork copies whatever lock another thread of the test process
+    # holds at that moment (the migrator's own, logging's), and the child waits on it forever.
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
         pool.map(migrate.upgrade, [url] * 3)
     with ThreadPoolExecutor(3) as threads:  # and threads of one process
         list(threads.map(lambda _: migrate.upgrade(url), range(3)))

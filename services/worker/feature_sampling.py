@@ -10,9 +10,10 @@ refit waits for ``min_samples`` of it. So with ``boost`` > 1, while fewer than h
 recent rows exited early (:meth:`FeatureSampler.exited`), batches are sampled at ``boost``
 times the rate, and while most exit at ``1 / boost`` of it (a rate of 1 samples every
 batch). A credit keeps the budget: it grows by ``rate`` per row served and shrinks by every
-sampled row, starts at :data:`START_CREDIT` and holds at most :data:`MAX_CREDIT`, so over
-any n rows at most ``rate * n + MAX_CREDIT`` are sampled. ``boost`` = 1 samples at the rate
-throughout.
+sampled row, starts at :data:`START_CREDIT` and holds at most :data:`MAX_CREDIT`; a batch is
+judged at the boosted share only when the credit covers it, else at the rate, so the
+long-run share stays the rate and a batch of any size can be sampled. ``boost`` = 1
+samples at the rate throughout.
 """
 
 from __future__ import annotations
@@ -41,8 +42,6 @@ class FeatureSampler:
         self.dropped = 0                      # sampled but over the rate limit
         self.credit = START_CREDIT
         self.exit_share = 0.0                 # of recent rows, answered at a ramp
-        self.seen = 0                         # rows offered
-        self.taken = 0                        # rows sampled
 
     @property
     def enabled(self) -> bool:
@@ -71,10 +70,11 @@ class FeatureSampler:
             self.tokens = min(max(1.0, self.max_per_s),
                               self.tokens + (now - self.last) * self.max_per_s)
         self.last = now
-        self.seen += n
         self.credit = min(MAX_CREDIT, self.credit + self.rate * n)
-        if zlib.crc32(self.salt + batch_id.encode()) >= int(self.share_now * 2**32) \
-                or (self.boost > 1.0 and self.credit < n):
+        share = self.share_now
+        if share > self.rate and self.credit < n:  # a boost spends only banked credit
+            share = self.rate
+        if zlib.crc32(self.salt + batch_id.encode()) >= int(share * 2**32):
             return np.zeros(0, np.int64)
         picked = list(range(n))
         room = int(self.tokens)
@@ -83,5 +83,4 @@ class FeatureSampler:
             picked = picked[:room]
         self.tokens -= len(picked)
         self.credit -= len(picked)
-        self.taken += len(picked)
         return np.asarray(picked, np.int64)

@@ -26,7 +26,7 @@ its mistakes on samples it has not seen warrant; its answers do not change.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -48,6 +48,7 @@ class RefitConfig:
     significance: float = 3.0   # ... and that many standard deviations of the disagreeing pairs
     calibration_slack: float = 0.01  # how much worse its calibration error may be
     calibrate: bool = True      # soften a winning candidate (fold_temperature)
+    fit_all: bool = True        # a winner also learns the held-back samples (propose)
 
 
 class RampBuffer:
@@ -286,14 +287,25 @@ def judge(serving: LinearHead, candidate: LinearHead, x: np.ndarray, y: np.ndarr
 def propose(serving: LinearHead, buffer: RampBuffer, cfg: RefitConfig = RefitConfig()
             ) -> tuple[LinearHead | None, Verdict | None]:
     """Refit on the older part of ``buffer`` and judge on the newest ``holdout`` share:
-    (the head to deploy or None, the verdict or None when the buffer is too small)."""
+    (the head to deploy or None, the verdict or None when the buffer is too small).
+
+    The verdict judges the refit as a procedure: fitted on the past, scored on what came
+    next. With ``fit_all`` the winner then takes a quarter of the steps more on the whole
+    buffer, from where it stands, and is deployed softened by the same temperature: the
+    held-back samples are the newest, the scene on now, and a head that never saw them
+    serves that scene's next inputs worse (a cold start gains most, a class at a time)."""
     if len(buffer) < cfg.min_samples:
         return None, None
     x, y = buffer.arrays()
     cut = len(x) - max(1, round(len(x) * cfg.holdout))
     candidate = refit(serving, x[:cut], y[:cut], cfg)
     verdict = judge(serving, candidate, x[cut:], y[cut:], cfg)
+    temperature = 1.0
     if cfg.calibrate and verdict.gains:  # softening keeps its answers: only a winner needs it
-        candidate = softened(candidate, fold_temperature(serving, x[:cut], y[:cut], cfg))
-        verdict = judge(serving, candidate, x[cut:], y[cut:], cfg)
-    return (candidate if verdict.accept else None), verdict
+        temperature = fold_temperature(serving, x[:cut], y[:cut], cfg)
+        verdict = judge(serving, softened(candidate, temperature), x[cut:], y[cut:], cfg)
+    if not verdict.accept:
+        return None, verdict
+    if cfg.fit_all:
+        candidate = refit(candidate, x, y, replace(cfg, steps=max(1, cfg.steps // 4)))
+    return softened(candidate, temperature), verdict

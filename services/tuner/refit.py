@@ -287,15 +287,24 @@ def judge(serving: LinearHead, candidate: LinearHead, x: np.ndarray, y: np.ndarr
 def propose(serving: LinearHead, buffer: RampBuffer, cfg: RefitConfig = RefitConfig()
             ) -> tuple[LinearHead | None, Verdict | None]:
     """Refit on the older part of ``buffer`` and judge on the newest ``holdout`` share:
-    (the head to deploy or None, the verdict or None when the buffer is too small).
+    (the head to deploy or None, the verdict or None when the buffer is too small)."""
+    head, _, verdict = propose_judged(serving, buffer, cfg)
+    return head, verdict
+
+
+def propose_judged(serving: LinearHead, buffer: RampBuffer, cfg: RefitConfig = RefitConfig()
+                   ) -> tuple[LinearHead | None, LinearHead | None, Verdict | None]:
+    """:func:`propose`, with the head as it was judged: (to deploy, as judged, verdict).
 
     The verdict judges the refit as a procedure: fitted on the past, scored on what came
     next. With ``fit_all`` the winner then takes a quarter of the steps more on the whole
     buffer, from where it stands, and is deployed softened by the same temperature: the
     held-back samples are the newest, the scene on now, and a head that never saw them
-    serves that scene's next inputs worse (a cold start gains most, a class at a time)."""
+    serves that scene's next inputs worse (a cold start gains most, a class at a time).
+    The deployed head is surer on the buffer than on what follows, so whatever chooses
+    thresholds on the buffer's newest samples should score them with the judged head."""
     if len(buffer) < cfg.min_samples:
-        return None, None
+        return None, None, None
     x, y = buffer.arrays()
     cut = len(x) - max(1, round(len(x) * cfg.holdout))
     candidate = refit(serving, x[:cut], y[:cut], cfg)
@@ -305,7 +314,9 @@ def propose(serving: LinearHead, buffer: RampBuffer, cfg: RefitConfig = RefitCon
         temperature = fold_temperature(serving, x[:cut], y[:cut], cfg)
         verdict = judge(serving, softened(candidate, temperature), x[cut:], y[cut:], cfg)
     if not verdict.accept:
-        return None, verdict
-    if cfg.fit_all:
-        candidate = refit(candidate, x, y, replace(cfg, steps=max(1, cfg.steps // 4)))
-    return softened(candidate, temperature), verdict
+        return None, None, verdict
+    judged = softened(candidate, temperature)
+    if not cfg.fit_all:
+        return judged, judged, verdict
+    full = refit(candidate, x, y, replace(cfg, steps=max(1, cfg.steps // 4)))
+    return softened(full, temperature), judged, verdict

@@ -7,6 +7,7 @@ import pytest
 
 from schemas.telemetry import SampleTelemetry
 from services.exits.linear_head import LinearHead
+from services.exits.scores import exit_score
 from services.tuner.ramp_learner import LearnerConfig, RampLearner, soft_temperature
 from services.tuner.refit import RefitConfig
 from services.tuner.service import head_version, window_of
@@ -78,6 +79,26 @@ def test_evidence_scores_every_ramp_with_its_current_head():
     assert ev.ramp_ids == (0, 1) and ev.n_samples == 20
     assert np.array_equal(ev.final, y[-20:])
     assert np.array_equal(ev.pred[0], head.logits(x[-20:]).argmax(1))
+
+
+def test_a_refit_scores_the_evidence_as_it_was_judged_not_as_deployed():
+    # the deployed head took a last fit on the whole buffer (fit_all): on the buffer's
+    # newest samples it is surer than on what follows, so the evidence keeps the judged one
+    rng, new, head = _setup()
+    learner = RampLearner({3: head}, LearnerConfig(RefitConfig(min_samples=64), evidence=40))
+    x, y = _batch(rng, new, 400)
+    learner.feed({3: x}, y)
+    deployed = learner.propose(3).head
+    assert deployed is not None
+    judged = learner.proposed[3][1]
+    assert judged is not deployed
+    learner.adopt(3, deployed)
+    score = learner.evidence("max_softmax").score[0]
+    assert np.allclose(score, exit_score(judged.logits(x[-40:]), "max_softmax"))
+    assert not np.allclose(score, exit_score(deployed.logits(x[-40:]), "max_softmax"))
+    learner.adopt(3, head, version=0)            # any other head scores as it serves
+    assert np.allclose(learner.evidence("max_softmax").score[0],
+                       exit_score(head.logits(x[-40:]), "max_softmax"))
 
 
 def test_soft_temperature_comes_from_the_recipe():

@@ -48,7 +48,7 @@ class RefitConfig:
     significance: float = 3.0   # ... and that many standard deviations of the disagreeing pairs
     calibration_slack: float = 0.01  # how much worse its calibration error may be
     calibrate: bool = True      # soften a winning candidate (fold_temperature)
-    fit_all: bool = True        # a winner also learns the held-back samples (propose)
+    fit_all: bool = False       # a winner also learns the held-back samples (propose)
 
 
 class RampBuffer:

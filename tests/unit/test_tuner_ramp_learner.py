@@ -85,7 +85,8 @@ def test_a_refit_scores_the_evidence_as_it_was_judged_not_as_deployed():
     # the deployed head took a last fit on the whole buffer (fit_all): on the buffer's
     # newest samples it is surer than on what follows, so the evidence keeps the judged one
     rng, new, head = _setup()
-    learner = RampLearner({3: head}, LearnerConfig(RefitConfig(min_samples=64), evidence=40))
+    learner = RampLearner({3: head}, LearnerConfig(RefitConfig(min_samples=64, fit_all=True),
+                                                  evidence=40))
     x, y = _batch(rng, new, 400)
     learner.feed({3: x}, y)
     deployed = learner.propose(3).head

@@ -69,8 +69,8 @@ def test_a_winner_is_deployed_fitted_on_the_held_back_scene_too(shift):
     buf = RampBuffer(1024, C)
     buf.add(*_stream(rng, new, 768, np.arange(6)))
     buf.add(*_stream(rng, new, 256, np.array([0, 1, 6])))
-    with_all, verdict = propose(serving, buf)
-    without, verdict_without = propose(serving, buf, RefitConfig(fit_all=False))
+    with_all, verdict = propose(serving, buf, RefitConfig(fit_all=True))
+    without, verdict_without = propose(serving, buf)
     assert verdict == verdict_without and verdict is not None and verdict.accept
     assert with_all is not None and without is not None
     x_new, y_new = _stream(rng, new, 500, np.array([6]))

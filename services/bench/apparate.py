@@ -278,13 +278,14 @@ def run(args: argparse.Namespace) -> int:
                          delay_s=args.delay_ms / 1e3, grid_rounds=args.grid_rounds,
                          controller=ctl, feedback_backlog=backlog,
                          climb=climb_native.best_climb(native),  # as the live tuner climbs
-                         refit=refit_plan(trace, cfg.ramp_feature_rate, cfg.ramp_feature_boost))
+                         refit=refit_plan(trace, cfg.ramp_feature_rate, cfg.ramp_feature_boost),
+                         exit_guard=cfg.exit_guard)  # OFFRAMP_EXIT_GUARD, as live
     meta = {**trace.meta, "n_samples": trace.n_samples, "n_sites": trace.n_sites,
             "full_ms": float(trace.prefix_ms[-1])}
     params = {"constraint": args.constraint, "budget": args.budget,
               "decision_delay_ms": args.delay_ms, "worker": "single, FIFO, batch size 1",
               "feedback_backlog": backlog, "climb": climb_native.engine(native),
-              "controller": results["offramp"].extra["params"]}
+              "controller": results["offramp"].extra["params"], "exit_guard": cfg.exit_guard}
     doc = report(results, str(args.trace), meta, args.arrivals or "trace arrival_s", params)
     add_views(doc, args, results, trace)
     print(table(doc))

@@ -55,6 +55,9 @@ class Config:
     plan_interval_s: float = 120.0  # the optimizer re-plans at least this often
     plan_slack: float = 0.2         # share of the SLO a plan keeps free (E3's slack)
     plan_alpha: float = 1.0         # a plan costs at most alpha x vanilla serving
+    # latency mode: a worker that runs the whole model caps a ramp that answered wrongly at
+    # once, until the next exit config (services/exits/exit_guard.py)
+    exit_guard: bool = True
     refit: bool = True  # the tuner refits ramp heads from the features (needs a rate > 0)
     metrics_port: int | None = None  # None: no metrics (`offramp up` gives each child one)
     metrics_bind: str = "127.0.0.1"
@@ -116,6 +119,7 @@ class Config:
             "OFFRAMP_RAMP_FEATURE_MAX_PER_S": str(self.ramp_feature_max_per_s),
             "OFFRAMP_RAMP_FEATURE_BOOST": str(self.ramp_feature_boost),
             "OFFRAMP_REFIT": "1" if self.refit else "0",
+            "OFFRAMP_EXIT_GUARD": "1" if self.exit_guard else "0",
             "OFFRAMP_SHADOW_RATE": str(self.shadow_rate),
             "OFFRAMP_PROFILE_WINDOW_S": str(self.profile_window_s),
             "OFFRAMP_PLAN_INTERVAL_S": str(self.plan_interval_s),
@@ -234,6 +238,7 @@ def _load() -> Config:
         ramp_feature_max_per_s=_non_negative_float("OFFRAMP_RAMP_FEATURE_MAX_PER_S", "200"),
         ramp_feature_boost=_at_least_one("OFFRAMP_RAMP_FEATURE_BOOST", "2"),
         refit=_env("OFFRAMP_REFIT", "1") != "0",
+        exit_guard=_env("OFFRAMP_EXIT_GUARD", "1") != "0",
         shadow_rate=_fraction("OFFRAMP_SHADOW_RATE", "0.05"),
         profile_window_s=_positive_float("OFFRAMP_PROFILE_WINDOW_S", "10"),
         plan_interval_s=_positive_float("OFFRAMP_PLAN_INTERVAL_S", "120"),

@@ -52,6 +52,8 @@ WORKER_INFLIGHT = Gauge("offramp_worker_inflight_batches", "Batches a worker hol
                         "(queued and running)", ["model", "stage"])
 EXIT_CONFIG_VERSION = Gauge("offramp_exit_config_version", "Version of the exit config a "
                             "worker applies", ["model"])
+EXIT_GUARD_CAPS = Counter("offramp_exit_guard_caps", "Ramp thresholds a worker capped itself "
+                          "after a wrong early answer, until the next exit config", ["model"])
 
 # monitor: its latest closed window per model
 AGREEMENT = Gauge("offramp_window_agreement", "Agreement of the answers with the final "

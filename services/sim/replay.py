@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from services.exits.exit_guard import ALERT_BACKOFF, ExitGuard
 from services.exits.initial import initial_active
 from services.sim.refit_replay import REFIT, RefitPlan, ReplayRefits
 from services.sim.trace import Trace
@@ -281,24 +282,63 @@ def _decided(d: TunerDecision, i: int, t: float) -> dict[str, Any]:
             "thresholds": list(d.thresholds), "est_savings_ms": d.est_savings_ms}
 
 
+class _Deployed:
+    """The config the simulated worker serves: the controller's latest applied one, capped
+    by the worker's exit guard (``services/exits/exit_guard.py``) when it has one."""
+
+    def __init__(self, view: Trace, active: tuple[int, ...], thresholds: tuple[float, ...],
+                 guard: ExitGuard | None) -> None:
+        self.view, self.guard = view, guard
+        self.cfg, self.version = (active, thresholds), 0
+        # sample -> (config version, active ramps, answer, exit site), until its feedback
+        self.ran: dict[int, tuple[int, tuple[int, ...], int, int]] = {}
+
+    def get(self, i: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        active, th = self.cfg
+        if self.guard is None or not self.guard.caps:
+            return self.cfg
+        capped = self.guard.thresholds(dict(zip(active, th)))
+        return active, tuple(capped[r] for r in active)
+
+    def apply(self, cfg: tuple[tuple[int, ...], tuple[float, ...]]) -> None:
+        self.cfg, self.version = cfg, self.version + 1
+        if self.guard is not None:
+            self.guard.clear()
+
+    def served(self, i: int, got: tuple[float, float, int, int]) -> None:
+        self.ran[i] = (self.version, self.cfg[0], got[2], got[3])
+
+    def feedback(self, i: int) -> tuple[int, ...]:
+        """Sample ``i``'s run ended: the guard sees its early answer against the final one.
+        Returns the active ramps it ran with (a newer config may apply by now)."""
+        version, active, answer, site = self.ran.pop(i)
+        if self.guard is not None and site >= 0 and version == self.version:
+            self.guard.observe([site], np.array([[answer]]),
+                               np.array([[self.view.ramp_score[site, i]]]),
+                               np.array([site]), self.view.final_pred[i:i + 1])
+        return active
+
+
 def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
                 delay_s: float = 0.0, window: int = 16,
-                backlog: int = FEEDBACK_BACKLOG, refits: ReplayRefits | None = None
-                ) -> PolicyResult:
-    """The controller on the stream; with ``refits``, also its online ramp refits."""
+                backlog: int = FEEDBACK_BACKLOG, refits: ReplayRefits | None = None,
+                exit_guard: bool = True) -> PolicyResult:
+    """The controller on the stream; with ``refits``, also its online ramp refits;
+    ``exit_guard``: the worker caps a ramp that answered wrongly until the next config."""
     view = trace if refits is None else refits.view
-    deployed = {"cfg": (controller.active, controller.thresholds)}
+    deployed = _Deployed(view, controller.active, controller.thresholds,
+                         ExitGuard(ALERT_BACKOFF) if exit_guard else None)
     decisions: list[dict[str, Any]] = []
     raw: list[TunerDecision] = []
     wall: dict[str, list[float]] = {"tune": [], "adjust": [], "record": [], "skipped": []}
     n_active = np.empty(trace.n_samples, np.int64)
-    served: dict[int, tuple[int, ...]] = {}  # active ramps each sample ran with, until its feedback
-    inner = threshold_server(view, lambda i: deployed["cfg"])
+    inner = threshold_server(view, deployed.get)
 
     def serve(i: int) -> tuple[float, float, int, int]:
-        served[i] = deployed["cfg"][0]
-        n_active[i] = len(served[i])
-        return inner(i) if refits is None else refits.serve(i, inner)
+        n_active[i] = len(deployed.cfg[0])
+        got = inner(i) if refits is None else refits.serve(i, inner)
+        deployed.served(i, got)
+        return got
 
     def deploy_at(t: float, d: TunerDecision, heads: list | None = None) -> tuple:
         cfg = (d.active, d.thresholds)
@@ -307,11 +347,11 @@ def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
             for site, head in heads or ():
                 refits.apply(site, head)
             if d.changed:
-                deployed["cfg"] = cfg
+                deployed.apply(cfg)
         return t + delay_s, apply
 
     def done(i: int, t: float) -> list[tuple[float, Callable[[], None]]]:
-        active = served.pop(i)  # feedback may come after a new config was applied
+        active = deployed.feedback(i)
         t0 = time.perf_counter()
         triggers = controller.record(view.window(active, i, i + 1))
         wall["record"].append((time.perf_counter() - t0) * 1e3)
@@ -446,12 +486,14 @@ def run_replay(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_C
                policies: tuple[str, ...] = POLICIES,
                timing_passes: int = TIMING_PASSES,
                feedback_backlog: int = FEEDBACK_BACKLOG,
-               climb: Climb | None = None, refit: RefitPlan | None = None
-               ) -> dict[str, PolicyResult | dict]:
+               climb: Climb | None = None, refit: RefitPlan | None = None,
+               exit_guard: bool = True) -> dict[str, PolicyResult | dict]:
     """Every policy on the same trace and arrivals; offramp also gets its grid gap.
     ``climb``: the threshold climb's engine (``climb_native.best_climb()`` is the live
     tuner's; None = the Python climb, the same decisions). ``refit``: how ``offramp+refit``
-    refits ramp heads (default: ``refit_plan(trace)``); it runs on traces with features."""
+    refits ramp heads (default: ``refit_plan(trace)``); it runs on traces with features.
+    ``exit_guard``: the worker's own back-off after a wrong answer (as live, on by default);
+    it matters when decisions reach the worker late (``delay_s``)."""
     if timing_passes < 1:
         raise ValueError(f"timing_passes must be >= 1, got {timing_passes}")
     if feedback_backlog < 0:
@@ -475,16 +517,18 @@ def run_replay(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_C
                 ctl = make_controller(trace, constraint, budget, window=window, climb=climb,
                                       evidence=refits.evidence if refits.plan.evidence else None,
                                       **(controller or {}))
-                out[name] = run_offramp(trace, arrivals, ctl, delay_s, window, fb, refits)
+                out[name] = run_offramp(trace, arrivals, ctl, delay_s, window, fb, refits,
+                                        exit_guard)
         elif name == "offramp":
             def fresh() -> ExitController:
                 return make_controller(trace, constraint, budget, window=window, climb=climb,
                                        **(controller or {}))
 
             ctl = fresh()
-            res = run_offramp(trace, arrivals, ctl, delay_s, window, fb)
+            res = run_offramp(trace, arrivals, ctl, delay_s, window, fb, exit_guard=exit_guard)
             for _ in range(timing_passes - 1):
-                again = run_offramp(trace, arrivals, fresh(), delay_s, window, fb)
+                again = run_offramp(trace, arrivals, fresh(), delay_s, window, fb,
+                                    exit_guard=exit_guard)
                 res.extra["wall_ms"] = fastest_pass(res, again)
             res.extra["timing_passes"] = timing_passes
             if grid_rounds > 0:

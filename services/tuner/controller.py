@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from services.exits.exit_guard import ALERT_BACKOFF
 from services.exits.exit_window import ExitWindow
 from services.exits.latency_profile import LatencyProfile
 from services.tuner.evidence_adjust import EvidenceChoice, choose_active
@@ -83,7 +84,7 @@ DEFAULT_WINDOW = 16          # samples per agreement window (§3.2)
 DEFAULT_TUNE_WINDOW = 512    # samples tuned on (chosen in the replay simulator, module doc)
 DEFAULT_SLACK_WINDOWS = 8    # clean windows before a savings tune
 DEFAULT_TUNE_SHARE = 0.5     # tune to this share of the constraint: headroom for drift
-DEFAULT_BACKOFF = 0.25       # after an alert, failing ramps' thresholds <= this x wrong score
+DEFAULT_BACKOFF = ALERT_BACKOFF  # after an alert, failing ramps' thresholds <= this x wrong score
 DEFAULT_COOLDOWN_ROUNDS = 2  # adjust rounds a deactivated site is not trialled again
 MAX_COOLDOWN_ROUNDS = 32     # the longest wait after repeated failures (4096 samples)
 MIN_EVIDENCE = 128          # sampled inputs an evidence window needs to choose the active set

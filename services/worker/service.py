@@ -11,6 +11,7 @@ only feedback to compute gives way to a waiting request and finishes later
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import socket
@@ -43,6 +44,7 @@ from services.common.config import Config
 from services.common.hotpath import flush_now, publish_all, subscribe_direct
 from services.common.service_loop import spawn, supervise
 from services.exits.decide import ramp_outcome
+from services.exits.exit_guard import ALERT_BACKOFF, ExitGuard
 from services.exits.initial import initial_config, initial_ramps
 from services.exits.shadow import ShadowSampler
 from services.runtime.devices import device_class
@@ -124,6 +126,11 @@ class Worker(ComputeMode):
                                       boost=cfg.ramp_feature_boost)
         self.want_features = plan.is_last and bool(self.ramps) and self.sampler.enabled
         self.shadow = ShadowSampler(cfg.shadow_rate)  # compute mode's feedback sample
+        # latency mode's own accuracy guard: only a worker that runs the whole model knows
+        # each early answer's final one before its next batch
+        self.guard = (ExitGuard(ALERT_BACKOFF)
+                      if cfg.exit_guard and plan.stage == 0 and plan.is_last else None)
+        self.guard_caps = metrics.EXIT_GUARD_CAPS.labels(plan.model)
         self.stopping = False
         self.retiring = False  # leaving its role: routers send it nothing new
         self.pool_id = ""      # the pool worker serving this role, if any
@@ -293,6 +300,8 @@ class Worker(ComputeMode):
     def _begin(self, inline: bool) -> None:
         if self.next_config is not None:  # between batches, never mid-batch
             old, self.config, self.next_config = self.config, self.next_config, None
+            if self.guard is not None:
+                self.guard.clear()  # the tuner's new word supersedes the caps
             if old.heads != self.config.heads:  # sessions of heads no config uses any more,
                 # dropped in a thread: it takes the lock a session build may hold
                 self.loop.run_in_executor(None, self.runtime.forget_heads, self.config.heads)
@@ -384,7 +393,7 @@ class Worker(ComputeMode):
         sampled = (self.sampler.rows(batch.batch_id, len(batch.ids), time.monotonic())
                    if self.want_features and not capped
                    else np.zeros(0, np.int64))
-        out = self.run_stage(batch, config, received, exit_at, rerun,
+        out = self.run_stage(batch, self.guarded(config, capped), received, exit_at, rerun,
                              features=len(sampled) > 0, variant=variant)
         if rerun is None:  # a re-run for feedback is the same batch again: metered once
             self.batch_sizes.observe(len(batch.ids))
@@ -406,9 +415,29 @@ class Worker(ComputeMode):
         if rerun is None:  # answer first: the telemetry below is bookkeeping
             self.answer_finals(batch, config, received, out, labels, scores)
         if not capped:
+            self.guard_observe(config, out, labels)
+        if not capped:
             self.record_telemetry(batch, config, out, labels, scores, stage_ms)
         if out.features:
             self.record_features(batch, config, out, labels, sampled)
+
+    def guarded(self, config: ExitConfig, capped: bool) -> ExitConfig:
+        """The config a latency-mode batch runs under: the exit guard's caps applied."""
+        if self.guard is None or capped or not self.guard.caps:
+            return config
+        return dataclasses.replace(config, thresholds=self.guard.thresholds(config.thresholds))
+
+    def guard_observe(self, config: ExitConfig, out: StageOutcome, labels: np.ndarray) -> None:
+        """Cap the ramps that answered this run wrongly (a run of an older config, e.g. a
+        set-aside re-run, says nothing about the thresholds in force)."""
+        if self.guard is None or config.version != self.config.version:
+            return
+        pred, score = ramp_records(out, len(labels))
+        new = self.guard.observe(out.ramp_ids, pred, score, out.exit_at, labels)
+        if new:
+            self.guard_caps.inc(len(new))
+            self.log.info("exit guard capped %s", logs.kv(
+                version=config.version, caps=",".join(f"{r}:{c:.4g}" for r, c in new.items())))
 
     @staticmethod
     def exit_rows_of(batch: Batch, rerun: SetAside | None) -> np.ndarray:

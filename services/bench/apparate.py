@@ -179,7 +179,8 @@ def table(doc: dict[str, Any]) -> str:
         ms = "n/a" if r["refit_ms_p50"] is None else \
             f"{r['refit_ms_p50']:.1f} ms p50, {r['refit_ms_max']:.1f} ms max"
         lines.append(f"{REFIT}: {r['accepted']} of {r['rounds']} ramp refits accepted, head "
-                     f"versions per site {r['head_versions']}; a refit costs {ms}")
+                     f"versions per site {r['head_versions']}; a refit costs {ms}; "
+                     f"{r['counts'].get('guard_caps', 0)} exit-guard caps")
     lines += segments_table(doc)
     lines += ceiling_table(doc)
     if "static" in doc:
@@ -196,6 +197,7 @@ def table(doc: dict[str, Any]) -> str:
             "ramps, grid step 0.01-0.05)")
         lines.append(f"offramp controller: {doc['tunes']} tunes ({c['alerts']} alerts), "
                      f"{doc['adjusts']} adjust rounds, {c['changes']} config changes, "
+                     f"{c.get('guard_caps', 0)} exit-guard caps, "
                      f"{doc['active_ramps_mean']:.2f} active ramps on average")
         lines.append(f"  wall time per call (fastest of {doc.get('timing_passes', 1)} identical "
                      f"passes): tuning p50 {fmt(doc['tuning_ms_p50'])} ms, "

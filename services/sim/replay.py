@@ -305,8 +305,15 @@ class _Deployed:
         if self.guard is not None:
             self.guard.clear()
 
-    def served(self, i: int, got: tuple[float, float, int, int]) -> None:
+    def served(self, i: int, got: tuple[float, float, int, int]
+               ) -> tuple[float, float, int, int]:
+        """Sample ``i`` was served ``got`` (reply, busy, answer, site); returns it."""
         self.ran[i] = (self.version, self.cfg[0], got[2], got[3])
+        return got
+
+    def caps_set(self) -> int:
+        """Caps the exit guard set or lowered so far (0 without a guard)."""
+        return 0 if self.guard is None else self.guard.engaged
 
     def feedback(self, i: int) -> tuple[int, ...]:
         """Sample ``i``'s run ended: the guard sees its early answer against the final one.
@@ -336,9 +343,7 @@ def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
 
     def serve(i: int) -> tuple[float, float, int, int]:
         n_active[i] = len(deployed.cfg[0])
-        got = inner(i) if refits is None else refits.serve(i, inner)
-        deployed.served(i, got)
-        return got
+        return deployed.served(i, inner(i) if refits is None else refits.serve(i, inner))
 
     def deploy_at(t: float, d: TunerDecision, heads: list | None = None) -> tuple:
         cfg = (d.active, d.thresholds)
@@ -376,9 +381,10 @@ def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
     lat, ans, site = event_loop(view, arrivals, serve, done, backlog)
     extra = {} if refits is None else {"refits": refits.log, "refit_ms": refits.refit_ms,
                                        "head_versions": list(refits.versions)}
+    counts = {**controller.counts, "guard_caps": deployed.caps_set()}
     return _result(REFIT if refits is not None else "offramp", trace, lat, ans, site, window,
                    decisions=decisions, raw_decisions=raw, wall_ms=wall, n_active=n_active,
-                   counts=dict(controller.counts), params=controller.params(), **extra)
+                   counts=counts, params=controller.params(), **extra)
 
 
 def refit_plan(trace: Trace, feature_rate: float = 0.0, feature_boost: float | None = None

@@ -58,6 +58,8 @@ def test_in_replay_the_guard_holds_agreement_while_decisions_are_late() -> None:
     assert wrong[False] >= 20
     assert wrong[True] <= 3
     assert (late[True].exit_site[tr.n_samples // 2 + 5:] != 0).all()
+    assert late[True].extra["counts"]["guard_caps"] >= 1  # what the bench reports
+    assert late[False].extra["counts"]["guard_caps"] == 0
     # with decisions at once the guard has nothing to add
     now = {g: run_offramp(tr, tr.arrival_s, make_controller(tr), exit_guard=g)
            for g in (False, True)}

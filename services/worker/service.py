@@ -414,10 +414,10 @@ class Worker(ComputeMode):
         labels, scores = ramp_outcome(out.output, config.score)
         if rerun is None:  # answer first: the telemetry below is bookkeeping
             self.answer_finals(batch, config, received, out, labels, scores)
-        if not capped:
-            self.guard_observe(config, out, labels)
-        if not capped:
-            self.record_telemetry(batch, config, out, labels, scores, stage_ms)
+        if not capped:  # the ramp records feed the exit guard and the telemetry
+            records = ramp_records(out, len(batch.ids))
+            self.guard_observe(config, out, labels, records)
+            self.record_telemetry(batch, config, out, labels, scores, stage_ms, records)
         if out.features:
             self.record_features(batch, config, out, labels, sampled)
 
@@ -427,13 +427,14 @@ class Worker(ComputeMode):
             return config
         return dataclasses.replace(config, thresholds=self.guard.thresholds(config.thresholds))
 
-    def guard_observe(self, config: ExitConfig, out: StageOutcome, labels: np.ndarray) -> None:
-        """Cap the ramps that answered this run wrongly (a run of an older config, e.g. a
-        set-aside re-run, says nothing about the thresholds in force)."""
+    def guard_observe(self, config: ExitConfig, out: StageOutcome, labels: np.ndarray,
+                      records: tuple[np.ndarray, np.ndarray]) -> None:
+        """Cap the ramps that answered this run wrongly (``records``: ``ramp_records(out)``;
+        a run of an older config, e.g. a set-aside re-run, says nothing about the thresholds
+        in force)."""
         if self.guard is None or config.version != self.config.version:
             return
-        pred, score = ramp_records(out, len(labels))
-        new = self.guard.observe(out.ramp_ids, pred, score, out.exit_at, labels)
+        new = self.guard.observe(out.ramp_ids, *records, out.exit_at, labels)
         if new:
             self.guard_caps.inc(len(new))
             self.log.info("exit guard capped %s", logs.kv(
@@ -541,10 +542,12 @@ class Worker(ComputeMode):
         return data
 
     def record_telemetry(self, batch: Batch, config: ExitConfig, out: StageOutcome,
-                         labels: np.ndarray, scores: np.ndarray, stage_ms: list[float]) -> None:
-        """This batch's sample telemetry, handed to the coalescing buffer on the event loop."""
+                         labels: np.ndarray, scores: np.ndarray, stage_ms: list[float],
+                         records: tuple[np.ndarray, np.ndarray]) -> None:
+        """This batch's sample telemetry (``records``: ``ramp_records(out)``), handed to the
+        coalescing buffer on the event loop."""
         n = len(batch.ids)
-        ramp_pred, ramp_score = ramp_records(out, n)
+        ramp_pred, ramp_score = records
         part = SampleTelemetry(
             model=self.plan.model, worker=self.id, batch_id=batch.batch_id,
             batch_ids=[batch.batch_id], batch_sizes=[n], config_version=config.version,

@@ -9,9 +9,10 @@ just as wrongly (docs/benchmarks.md measures what such a delay costs in replay).
 
 So the worker applies the tuner's alert back-off itself, at once: a ramp that answered a
 sample wrongly is capped at ``backoff`` x the exit score of that wrong answer (the
-controller's alert back-off, ``ALERT_BACKOFF``) for the batches that follow. The caps only ever lower
-thresholds, and the next exit config clears them: that config is the tuner's answer, made on
-feedback that includes the failure or soon followed by one more cap if it does not.
+controller's alert back-off, ``ALERT_BACKOFF``) for the batches that follow. The caps only
+ever lower thresholds, and the next exit config clears them: that config is the tuner's
+answer, made on feedback that includes the failure or soon followed by one more cap if it
+does not.
 """
 
 from __future__ import annotations

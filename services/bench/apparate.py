@@ -26,7 +26,9 @@ from services.common import config
 from services.common.stats import percentile
 from services.sim.fixed_ceiling import OBJECTIVES, best_fixed
 from services.sim.replay import (
+    DECISION_DELAY_S,
     FEEDBACK_BACKLOG,
+    HEAD_DELAY_S,
     MODE,
     POLICIES,
     REFIT,
@@ -158,7 +160,9 @@ def table(doc: dict[str, Any]) -> str:
     n = doc["trace_meta"].get("n_samples", "?")
     lines = [(f"offramp bench apparate: {MODE} of {doc['trace']} ({n} samples; arrivals "
              f"{doc['arrivals']}; one worker, FIFO, batch 1, feedback backlog "
-             f"{doc.get('feedback_backlog', 0)}; constraint {doc['constraint']:.1%})"),
+             f"{doc.get('feedback_backlog', 0)}; decisions reach it "
+             f"{doc.get('decision_delay_ms', 0):g} ms late, refitted heads "
+             f"{doc.get('head_delay_ms', 0):g} ms; constraint {doc['constraint']:.1%})"),
              (f"{'policy':<13} {'p25 ms':>7} {'p50 ms':>7} {'p95 ms':>7} {'mean ms':>7} "
              f"{'agreement':>9} {'worst win':>9} {'exits':>6}")]
     for name in POLICIES:
@@ -239,25 +243,44 @@ def plot(results: dict[str, PolicyResult], n_sites: int, path: Path) -> Path:
     return draw(roll, th, active, path, MODE)
 
 
-def run(args: argparse.Namespace) -> int:
+def _bad_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options, if anything (the replay and live benches share them)."""
     if (getattr(args, "feedback_backlog", None) or 0) < 0:
-        print("error: --feedback-backlog must be >= 0", file=sys.stderr)
-        return 2
+        return "--feedback-backlog must be >= 0"
     if getattr(args, "segments", 1) < 1:
-        print("error: --segments must be >= 1", file=sys.stderr)
+        return "--segments must be >= 1"
+    delays = {f"--{k.replace('_', '-')}": getattr(args, k) for k in ("delay_ms", "head_delay_ms")
+              if getattr(args, k, None) is not None}
+    for flag, ms in delays.items():
+        if not ms >= 0:
+            return f"{flag} must be >= 0"
+    if getattr(args, "live", False):
+        if delays:
+            return (f"{next(iter(delays))} sets a delay of the replay; live decisions take "
+                    "the time they take")
+        if getattr(args, "trace", None):
+            return "bench apparate takes --trace FILE (replay) or --live (not both)"
+    elif not getattr(args, "trace", None) or not getattr(args, "json", None):
+        return ("bench apparate needs --trace FILE (replay) or --live --model M --workload W, "
+                "and --json OUT")
+    return None
+
+
+def delays_ms(args: argparse.Namespace) -> tuple[float, float]:
+    """How late decisions and refitted heads reach the worker in the replay (ms)."""
+    delay, head = getattr(args, "delay_ms", None), getattr(args, "head_delay_ms", None)
+    return (DECISION_DELAY_S * 1e3 if delay is None else delay,
+            HEAD_DELAY_S * 1e3 if head is None else head)
+
+
+def run(args: argparse.Namespace) -> int:
+    if (bad := _bad_args(args)) is not None:
+        print(f"error: {bad}", file=sys.stderr)
         return 2
     if getattr(args, "live", False):
-        if getattr(args, "trace", None):
-            print("error: bench apparate takes --trace FILE (replay) or --live (not both)",
-                  file=sys.stderr)
-            return 2
         args.requests = 2000 if getattr(args, "requests", None) is None else args.requests
         args.model = getattr(args, "model", None) or "efficientnet-lite0"
         return apparate_live.run(args)
-    if not getattr(args, "trace", None) or not getattr(args, "json", None):
-        print("error: bench apparate needs --trace FILE (replay) or --live --model M "
-              "--workload W, and --json OUT", file=sys.stderr)
-        return 2
     try:
         trace = Trace.load(args.trace)
         if args.arrivals is None and trace.arrival_s is None:
@@ -274,10 +297,12 @@ def run(args: argparse.Namespace) -> int:
     cfg = config.load()
     native = cfg.tuner_native
     backlog = FEEDBACK_BACKLOG if args.feedback_backlog is None else args.feedback_backlog
-    print(f"replaying {trace.n_samples} samples x {trace.n_sites} ramps ...", file=sys.stderr,
-          flush=True)
+    delay_ms, head_ms = delays_ms(args)
+    print(f"replaying {trace.n_samples} samples x {trace.n_sites} ramps, decisions reaching "
+          f"the worker {delay_ms:g} ms late ...", file=sys.stderr, flush=True)
     results = run_replay(trace, arrivals, constraint=args.constraint, budget=args.budget,
-                         delay_s=args.delay_ms / 1e3, grid_rounds=args.grid_rounds,
+                         delay_s=delay_ms / 1e3, head_delay_s=head_ms / 1e3,
+                         grid_rounds=args.grid_rounds,
                          controller=ctl, feedback_backlog=backlog,
                          climb=climb_native.best_climb(native),  # as the live tuner climbs
                          refit=refit_plan(trace, cfg.ramp_feature_rate, cfg.ramp_feature_boost),
@@ -285,7 +310,8 @@ def run(args: argparse.Namespace) -> int:
     meta = {**trace.meta, "n_samples": trace.n_samples, "n_sites": trace.n_sites,
             "full_ms": float(trace.prefix_ms[-1])}
     params = {"constraint": args.constraint, "budget": args.budget,
-              "decision_delay_ms": args.delay_ms, "worker": "single, FIFO, batch size 1",
+              "decision_delay_ms": delay_ms, "head_delay_ms": head_ms,
+              "worker": "single, FIFO, batch size 1",
               "feedback_backlog": backlog, "climb": climb_native.engine(native),
               "controller": results["offramp"].extra["params"], "exit_guard": cfg.exit_guard}
     doc = report(results, str(args.trace), meta, args.arrivals or "trace arrival_s", params)

@@ -32,8 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="apparate: seed of --arrivals; chaos: seed of the fuzzed messages")
     bench.add_argument("--constraint", type=float, default=0.01, help="tolerated agreement loss")
     bench.add_argument("--budget", type=float, default=0.02, help="ramp budget (share of the model)")
-    bench.add_argument("--delay-ms", type=float, default=0.0,
-                       help="apparate: delay before a decided config reaches the worker")
+    bench.add_argument("--delay-ms", type=float, default=None,
+                       help="apparate replay: how late a decided config reaches the worker "
+                       "(default 100, the live round trip; 0: at once)")
+    bench.add_argument("--head-delay-ms", type=float, default=None,
+                       help="apparate replay: how late refitted heads reach the worker after "
+                       "the feedback that set off their round (default 400, as live)")
     bench.add_argument("--tune-window", type=int, help="apparate: controller tuning window (samples)")
     bench.add_argument("--slack-windows", type=int, help="apparate: clean windows per savings tune")
     bench.add_argument("--feedback-backlog", type=int, default=None,

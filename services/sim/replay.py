@@ -18,7 +18,8 @@ Policies, all on the same trace and arrivals:
   BranchyNet / DeeBERT's one-time tuning (Apparate §4.4).
 - ``offramp``: ``services.tuner.controller.ExitController``, fed only the active ramps'
   top-1 and score of each sample when its feedback is complete; a new config applies from the next
-  sample the worker starts at or after ``decision + delay``.
+  sample the worker starts at or after ``decision + delay`` (``DECISION_DELAY_S``, the live
+  round trip, unless told otherwise).
 - ``hindsight``: offramp's initial ramps with thresholds tuned on each block of samples with
   that very block (perfect foresight): the most threshold tuning can get out of these ramps,
   for telling a controller shortfall from a ramp shortfall (not a system anyone can run).
@@ -64,6 +65,14 @@ from services.workloads.arrivals import stream_arrivals
 POLICIES = ("vanilla", "static", "offramp", REFIT, "hindsight", "oracle")  # REFIT: traces with features
 TIMING_PASSES = 3  # offramp replays per run whose per-call minimum is the reported wall time
 MODE = "replay simulation"
+# How late a decided config reaches the worker live: feedback coalesced for up to 50 ms,
+# JetStream, the decision, the store write and the config message. A live demo's worker log
+# put it at 56-177 ms (median 83 ms) after the run whose answer set it off.
+DECISION_DELAY_S = 0.1
+# New heads come later: the refit round fits each ramp in turn, and the worker builds the
+# sessions of the new heads before it applies their config. The same kind of log put the
+# first refit of a round 124-506 ms (median 395 ms) before its config was applied.
+HEAD_DELAY_S = 0.4
 
 
 @dataclass
@@ -327,10 +336,11 @@ class _Deployed:
 
 
 def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
-                delay_s: float = 0.0, window: int = 16,
+                delay_s: float = DECISION_DELAY_S, window: int = 16,
                 backlog: int = FEEDBACK_BACKLOG, refits: ReplayRefits | None = None,
-                exit_guard: bool = True) -> PolicyResult:
-    """The controller on the stream; with ``refits``, also its online ramp refits;
+                exit_guard: bool = True, head_delay_s: float = HEAD_DELAY_S) -> PolicyResult:
+    """The controller on the stream; with ``refits``, also its online ramp refits, whose
+    heads reach the worker ``head_delay_s`` after the feedback that set off their round;
     ``exit_guard``: the worker caps a ramp that answered wrongly until the next config."""
     view = trace if refits is None else refits.view
     deployed = _Deployed(view, controller.active, controller.thresholds,
@@ -353,7 +363,7 @@ def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
                 refits.apply(site, head)
             if d.changed:
                 deployed.apply(cfg)
-        return t + delay_s, apply
+        return t + (head_delay_s if heads else delay_s), apply
 
     def done(i: int, t: float) -> list[tuple[float, Callable[[], None]]]:
         active = deployed.feedback(i)
@@ -486,18 +496,19 @@ def run_hindsight(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAUL
 
 
 def run_replay(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_CONSTRAINT,
-               budget: float = DEFAULT_BUDGET, window: int = 16, delay_s: float = 0.0,
-               static_frac: float = 0.1, grid_rounds: int = 8,
-               controller: dict[str, Any] | None = None,
-               policies: tuple[str, ...] = POLICIES,
-               timing_passes: int = TIMING_PASSES,
+               budget: float = DEFAULT_BUDGET, window: int = 16,
+               delay_s: float = DECISION_DELAY_S, static_frac: float = 0.1,
+               grid_rounds: int = 8, controller: dict[str, Any] | None = None,
+               policies: tuple[str, ...] = POLICIES, timing_passes: int = TIMING_PASSES,
                feedback_backlog: int = FEEDBACK_BACKLOG,
                climb: Climb | None = None, refit: RefitPlan | None = None,
-               exit_guard: bool = True) -> dict[str, PolicyResult | dict]:
+               exit_guard: bool = True, head_delay_s: float = HEAD_DELAY_S,
+               ) -> dict[str, PolicyResult | dict]:
     """Every policy on the same trace and arrivals; offramp also gets its grid gap.
     ``climb``: the threshold climb's engine (``climb_native.best_climb()`` is the live
     tuner's; None = the Python climb, the same decisions). ``refit``: how ``offramp+refit``
-    refits ramp heads (default: ``refit_plan(trace)``); it runs on traces with features.
+    refits ramp heads (default: ``refit_plan(trace)``); it runs on traces with features, and
+    its new heads reach the worker ``head_delay_s`` late.
     ``exit_guard``: the worker's own back-off after a wrong answer (as live, on by default);
     it matters when decisions reach the worker late (``delay_s``)."""
     if timing_passes < 1:
@@ -524,7 +535,7 @@ def run_replay(trace: Trace, arrivals: np.ndarray, constraint: float = DEFAULT_C
                                       evidence=refits.evidence if refits.plan.evidence else None,
                                       **(controller or {}))
                 out[name] = run_offramp(trace, arrivals, ctl, delay_s, window, fb, refits,
-                                        exit_guard)
+                                        exit_guard, head_delay_s)
         elif name == "offramp":
             def fresh() -> ExitController:
                 return make_controller(trace, constraint, budget, window=window, climb=climb,

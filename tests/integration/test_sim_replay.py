@@ -25,6 +25,18 @@ def test_bench_apparate_writes_json_and_svg(tmp_path, capsys) -> None:
     assert ET.parse(svg).getroot().tag.endswith("svg")
     assert main(["bench", "apparate", "--trace", str(tmp_path / "nope.npz"), "--json", str(out)]) == 2
     assert doc["feedback_backlog"] == 8 and doc["timing_passes"] == 3
+    # as live, unless told otherwise: a config's round trip, and a refit round's heads
+    assert (doc["decision_delay_ms"], doc["head_delay_ms"]) == (100.0, 400.0)
+    assert main(["bench", "apparate", "--trace", str(path), "--json", str(out),
+                 "--grid-rounds", "0", "--delay-ms", "0", "--head-delay-ms", "20"]) == 0
+    doc = json.loads(out.read_text())
+    assert (doc["decision_delay_ms"], doc["head_delay_ms"]) == (0.0, 20.0)
+    assert "decisions reach it 0 ms late, refitted heads 20 ms" in capsys.readouterr().out
+    for bad, says in ((["--delay-ms", "-5"], "--delay-ms must be >= 0"),
+                      (["--head-delay-ms", "nan"], "--head-delay-ms must be >= 0"),
+                      (["--delay-ms", "50", "--live", "--workload", "video"], "live decisions")):
+        assert main(["bench", "apparate", "--trace", str(path), "--json", str(out), *bad]) == 2
+        assert says in capsys.readouterr().err
     for live in ([], ["--live", "--workload", "video"]):  # checked before anything starts
         assert main(["bench", "apparate", "--trace", str(path), "--json", str(out),
                               "--feedback-backlog", "-1", *live]) == 2

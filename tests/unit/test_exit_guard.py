@@ -61,6 +61,6 @@ def test_in_replay_the_guard_holds_agreement_while_decisions_are_late() -> None:
     assert late[True].extra["counts"]["guard_caps"] >= 1  # what the bench reports
     assert late[False].extra["counts"]["guard_caps"] == 0
     # with decisions at once the guard has nothing to add
-    now = {g: run_offramp(tr, tr.arrival_s, make_controller(tr), exit_guard=g)
+    now = {g: run_offramp(tr, tr.arrival_s, make_controller(tr), delay_s=0.0, exit_guard=g)
            for g in (False, True)}
     assert (now[False].answer == now[True].answer).all()

@@ -45,6 +45,25 @@ def test_refits_find_the_savings_the_stale_heads_cannot():
     assert "refit" in kinds                              # the controller heard of each head
 
 
+def test_refitted_heads_reach_the_worker_head_delay_late():
+    tr = shifted_trace()
+
+    def refit(head_delay_s: float) -> list[dict]:
+        return run_replay(tr, tr.arrival_s, policies=(REFIT,), grid_rounds=0, timing_passes=1,
+                          head_delay_s=head_delay_s)[REFIT].extra["refits"]
+
+    for delay in (0.0, 0.5):
+        log = refit(delay)
+        rounds = [e for e in log if e.get("accepted")]
+        deployed = [e for e in log if "deployed_version" in e]
+        assert rounds and deployed
+        # the first head served is served from the first sample arriving after its round
+        # ended plus the delay (samples arrive every 20 ms and are served at once)
+        first = min(e["t_s"] for e in rounds)
+        assert deployed[0]["sample"] >= (first + delay) / 0.02
+    assert not any("deployed_version" in e for e in refit(1e6))  # never in time
+
+
 def test_without_refits_or_evidence_it_decides_as_offramp():
     tr = shifted_trace()
     out = run_replay(tr, tr.arrival_s, policies=("offramp", REFIT), grid_rounds=0,

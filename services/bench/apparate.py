@@ -153,6 +153,7 @@ def refit_summary(res: PolicyResult) -> dict[str, Any]:
             "refit_ms_p50": percentile(res.extra["refit_ms"], 50),
             "refit_ms_max": max(res.extra["refit_ms"], default=None),
             "counts": res.extra["counts"],
+            "feature_ms": res.extra["feature_ms"], "sampled": res.extra["sampled"],
             "timeline": [d for d in res.extra["decisions"] if d["changed"]]}
 
 
@@ -185,6 +186,11 @@ def table(doc: dict[str, Any]) -> str:
         lines.append(f"{REFIT}: {r['accepted']} of {r['rounds']} ramp refits accepted, head "
                      f"versions per site {r['head_versions']}; a refit costs {ms}; "
                      f"{r['counts'].get('guard_caps', 0)} exit-guard caps")
+        fed = (f"{r['sampled']} samples fed features back, each run paying "
+               f"{r['feature_ms']:.3f} ms more for them (the trace's feature_share)")
+        lines.append(f"{REFIT}: {fed}" if r["feature_ms"] > 0 else
+                     f"{REFIT}: {r['sampled']} samples fed features back; their cost is not "
+                     "charged (the trace has no feature_share: record it again)")
     lines += segments_table(doc)
     lines += ceiling_table(doc)
     if "static" in doc:

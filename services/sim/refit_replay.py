@@ -40,6 +40,8 @@ class RefitPlan:
     soft_temperature: float | None = None  # softmax targets at this temperature (else top-1)
     seed: int = 0                      # which samples are sampled
     evidence: int = 256                # newest sampled inputs the adjustment chooses on (0: off)
+    feature_share: float | None = None  # a sampled run's extra time / the model's (None: the
+    # trace's meta["feature_share"], measured while recording; absent there: not charged)
 
 
 class ReplayRefits:
@@ -66,9 +68,17 @@ class ReplayRefits:
         self.sampler = FeatureSampler(plan.feature_rate, 1e12, plan.seed,
                                       plan.feature_boost)
         self.sampled = np.zeros(trace.n_samples, bool)
+        share = plan.feature_share if plan.feature_share is not None \
+            else float(trace.meta.get("feature_share", 0.0))
+        self.feature_ms = share * float(trace.prefix_ms[-1])  # what a sampled run pays
         self.next_serve = 0    # samples below this were served: their answers stay
         self.log: list[dict[str, Any]] = []
         self.refit_ms: list[float] = []
+
+    def report(self) -> dict[str, Any]:
+        """What the refits did, for the policy's result."""
+        return {"refits": self.log, "refit_ms": self.refit_ms, "head_versions": self.versions,
+                "feature_ms": self.feature_ms, "sampled": int(self.sampled.sum())}
 
     @property
     def versions(self) -> list[int]:
@@ -81,12 +91,18 @@ class ReplayRefits:
         self.sampled[i] = len(self.sampler.rows(str(i), 1, 0.0)) > 0
 
     def serve(self, i: int, inner: Callable[[int], tuple]) -> tuple:
-        """Serve sample ``i`` with ``inner`` (a replay server, the exit site last), its
-        sampling decided first and its exit fed to the sampler."""
+        """Serve sample ``i`` with ``inner`` (a replay server: reply, busy, answer, exit
+        site), its sampling decided first and its exit fed to the sampler. A sampled
+        sample's run pays the features' cost, spread along the model as its time is: its
+        answer at the end pays all of it, an early answer the share before its site."""
         self.served(i)
-        got = inner(i)
-        self.sampler.exited(1, int(got[3] >= 0))
-        return got
+        reply, busy, answer, site = inner(i)
+        self.sampler.exited(1, int(site >= 0))
+        if self.sampled[i] and self.feature_ms > 0:
+            full = float(self.view.prefix_ms[-1])
+            share = 1.0 if site < 0 else float(self.view.prefix_ms[site]) / full
+            reply, busy = reply + self.feature_ms * share, busy + self.feature_ms
+        return reply, busy, answer, site
 
     def feedback(self, i: int, t: float) -> list[tuple[int, LinearHead]]:
         """Sample ``i``'s feedback arrived at ``t``: the heads a refit round accepted, if one

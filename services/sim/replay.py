@@ -389,8 +389,7 @@ def run_offramp(trace: Trace, arrivals: np.ndarray, controller: ExitController,
         return out
 
     lat, ans, site = event_loop(view, arrivals, serve, done, backlog)
-    extra = {} if refits is None else {"refits": refits.log, "refit_ms": refits.refit_ms,
-                                       "head_versions": list(refits.versions)}
+    extra = {} if refits is None else refits.report()
     counts = {**controller.counts, "guard_caps": deployed.caps_set()}
     return _result(REFIT if refits is not None else "offramp", trace, lat, ans, site, window,
                    decisions=decisions, raw_decisions=raw, wall_ms=wall, n_active=n_active,

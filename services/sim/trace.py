@@ -20,6 +20,9 @@ With ``trace record --features`` (what ``offramp+refit`` replays need), per site
 - ``head_weight_k``  float32 K x C_k   the prepared head's linear layer (K classes) ...
 - ``head_bias_k``    float32 K         ... and its bias
 - ``final_logits``   float32 N x K     optional: the final model's logits (soft targets)
+
+and ``meta["feature_share"]``: what publishing features adds to a run of the model, as a
+share of it (timed while recording; the replay charges it to the samples it samples).
 """
 
 from __future__ import annotations
@@ -229,6 +232,9 @@ def _report(progress: Callable[[str], None], name: str, done: int, total: int | 
     return now
 
 
+FEATURE_SHARE_RUNS = 40  # runs of each kind timing the features' cost (feature_share)
+
+
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -246,6 +252,23 @@ def _features_of(rt: StageRuntime, chunk: dict[str, np.ndarray] | np.ndarray,
 
     final, logits = rt.run_all(chunk, on_site=pool)
     return final, logits, feats
+
+
+def feature_share(rt: StageRuntime, sample: dict[str, np.ndarray] | np.ndarray,
+                  runs: int = FEATURE_SHARE_RUNS) -> float:
+    """What outputting every ramp site's pooled features adds to a run of the whole stage
+    on ``sample`` (one input), as a share of the run: what a worker pays on the batches
+    whose features it publishes. The two kinds of run alternate, so a busy machine slows
+    both alike and the share holds where the milliseconds would not."""
+    def once(features: bool) -> float:
+        t0 = time.perf_counter()
+        rt.run_range(rt.first_block, rt.last_block, sample, features={} if features else None)
+        return time.perf_counter() - t0
+
+    for _ in range(3):  # sessions built and warm
+        once(False), once(True)
+    plain, fed = zip(*[(once(False), once(True)) for _ in range(runs)], strict=True)
+    return max(0.0, float(np.median(fed) / np.median(plain) - 1.0))
 
 
 def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
@@ -268,7 +291,10 @@ def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
     heads = {i: load_head(model_dir, manifest.ramp(i)) for i in ids} if features else {}
     rec = _Recording(ids, score, keep_logits=features and manifest.classes <= SOFT_TARGET_CLASSES)
     t0 = said = time.perf_counter()
+    first: dict[str, np.ndarray] | np.ndarray | None = None
     for chunk in inputs:
+        if first is None:
+            first = {k: v[:1] for k, v in chunk.items()} if isinstance(chunk, dict) else chunk[:1]
         if features:
             rec.add(*_features_of(rt, chunk, heads))
         else:
@@ -280,10 +306,11 @@ def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
     if not rec.finals:
         raise TraceError("no inputs given: a trace needs at least one sample")
     prof = LatencyProfile.from_manifest(manifest)
+    share = {"feature_share": round(feature_share(rt, first), 4)} if features else {}
     info = {"model": manifest.name, "model_version": manifest.version, "score": score,
             "ramp_ids": ids, "after_block": [manifest.ramp(i).after_block for i in ids],
             "latency_source": "manifest serving profile, batch 1 (LatencyProfile.from_manifest)",
-            **({"head_pools": [heads[i].pool for i in ids]} if features else {}),
+            **({"head_pools": [heads[i].pool for i in ids]} if features else {}), **share,
             "trained": [bool(manifest.ramp(i).trained) for i in ids],
             **_targets_of(manifest), **(meta or {})}
     return Trace(np.concatenate(rec.preds, axis=1),

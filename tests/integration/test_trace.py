@@ -72,3 +72,5 @@ def test_features_reproduce_every_ramps_answers(zoo_dir, tmp_path, model) -> Non
     assert f.final_logits is not None and f.final_logits.shape == (24, manifest.classes)
     assert (f.final_logits.argmax(axis=1) == back.final_pred).all()
     assert back.meta["head_pools"][0] in ("gap", "masked_mean")
+    # what publishing them costs a run, timed while recording, for the replay to charge
+    assert isinstance(back.meta["feature_share"], float) and back.meta["feature_share"] >= 0

@@ -3,6 +3,8 @@ re-score the samples still to be served, and the controller restarting a refitte
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -62,6 +64,21 @@ def test_refitted_heads_reach_the_worker_head_delay_late():
         first = min(e["t_s"] for e in rounds)
         assert deployed[0]["sample"] >= (first + delay) / 0.02
     assert not any("deployed_version" in e for e in refit(1e6))  # never in time
+
+
+def test_a_sampled_run_pays_the_features_cost_spread_along_the_model():
+    tr = shifted_trace()  # prefix 2, 4, 10 ms
+    every = RefitPlan(feature_rate=1.0, feature_boost=1.0, feature_share=0.5)  # 5 ms a run
+    refits = ReplayRefits(tr, every)
+    assert refits.serve(0, lambda i: (2.1, 10.2, 7, 0)) == (3.1, 15.2, 7, 0)  # 2 of 10 ms
+    assert refits.serve(1, lambda i: (10.2, 10.2, 7, -1)) == (15.2, 15.2, 7, -1)
+    assert refits.report()["feature_ms"] == 5.0 and refits.report()["sampled"] == 2
+    never = ReplayRefits(tr, RefitPlan(feature_rate=1.0, feature_share=0.0))
+    assert never.serve(0, lambda i: (2.1, 10.2, 7, 0)) == (2.1, 10.2, 7, 0)
+    # a trace that measured it (trace record --features) is charged by default
+    measured = dataclasses.replace(tr, meta={**tr.meta, "feature_share": 0.1})
+    assert ReplayRefits(measured, RefitPlan(feature_rate=1.0)).feature_ms == 1.0
+    assert ReplayRefits(tr).feature_ms == 0.0  # an older trace: nothing to charge
 
 
 def test_without_refits_or_evidence_it_decides_as_offramp():

@@ -115,9 +115,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     path = trace.save(args.out)
     agree = (trace.ramp_pred == trace.final_pred).mean(axis=1)
+    share = trace.meta.get("feature_share")
+    fed = "" if share is None else f"; features add {share:.1%} to a run that publishes them"
     print(f"{path}: {trace.n_samples} samples x {trace.n_sites} ramps; full model "
           f"{trace.prefix_ms[-1]:.2f} ms; ramp agreement "
-          + " ".join(f"{a:.2f}" for a in agree))
+          + " ".join(f"{a:.2f}" for a in agree) + fed)
     return 0
 
 

@@ -232,7 +232,7 @@ def _report(progress: Callable[[str], None], name: str, done: int, total: int | 
     return now
 
 
-FEATURE_SHARE_RUNS = 40  # runs of each kind timing the features' cost (feature_share)
+FEATURE_SHARE_RUNS = 150  # pairs of runs timing the features' cost (feature_share)
 
 
 def _stderr(msg: str) -> None:
@@ -258,8 +258,9 @@ def feature_share(rt: StageRuntime, sample: dict[str, np.ndarray] | np.ndarray,
                   runs: int = FEATURE_SHARE_RUNS) -> float:
     """What outputting every ramp site's pooled features adds to a run of the whole stage
     on ``sample`` (one input), as a share of the run: what a worker pays on the batches
-    whose features it publishes. The two kinds of run alternate, so a busy machine slows
-    both alike and the share holds where the milliseconds would not."""
+    whose features it publishes. The two kinds of run alternate and the share is the median
+    of the pairs' differences over the median plain run: a busy machine slows both alike,
+    so the share holds where the milliseconds would not."""
     def once(features: bool) -> float:
         t0 = time.perf_counter()
         rt.run_range(rt.first_block, rt.last_block, sample, features={} if features else None)
@@ -267,8 +268,8 @@ def feature_share(rt: StageRuntime, sample: dict[str, np.ndarray] | np.ndarray,
 
     for _ in range(3):  # sessions built and warm
         once(False), once(True)
-    plain, fed = zip(*[(once(False), once(True)) for _ in range(runs)], strict=True)
-    return max(0.0, float(np.median(fed) / np.median(plain) - 1.0))
+    pairs = np.array([(once(False), once(True)) for _ in range(runs)])
+    return max(0.0, float(np.median(pairs[:, 1] - pairs[:, 0]) / np.median(pairs[:, 0])))
 
 
 def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],

@@ -26,7 +26,7 @@ import numpy as np
 from services.exits.exit_window import ExitWindow
 from services.exits.linear_head import LinearHead
 from services.exits.scores import exit_score, softmax
-from services.tuner.refit import RampBuffer, RefitConfig, Verdict, judge, propose_judged, top1
+from services.tuner.refit import RampBuffer, RefitConfig, Verdict, judge, propose, top1
 
 
 @dataclass(frozen=True)
@@ -76,10 +76,6 @@ class RampLearner:
         self.first = {r: (0, prepared[r]) if prepared and r in prepared else (self.versions[r], h)
                       for r, h in self.heads.items()}
         self.earlier: dict[int, dict[int, LinearHead]] = {r: {} for r in self.heads}
-        # the head that scores a ramp's evidence: a refit deployed after a last fit on its
-        # whole buffer (RefitConfig.fit_all) is surer there than on what follows
-        self.scorers: dict[int, LinearHead] = {}
-        self.proposed: dict[int, tuple[LinearHead, LinearHead]] = {}  # ramp -> (head, judged)
         # soft targets need the temperature and the final logits' width
         self.soft = cfg.soft_temperature is not None and classes > 0
         self.buffers = {r: RampBuffer(cfg.refit.capacity, h.weight.shape[1],
@@ -136,9 +132,7 @@ class RampLearner:
                 best = Proposal(head, v, 0, recent, version)
         if best is not None:
             return best
-        candidate, judged, verdict = propose_judged(serving, buf, self.cfg.refit)
-        if candidate is not None and judged is not None:
-            self.proposed[ramp] = (candidate, judged)
+        candidate, verdict = propose(serving, buf, self.cfg.refit)
         return Proposal(candidate, verdict, len(buf) - verdict.judged_on, verdict.judged_on)
 
     def returnable(self, ramp: int) -> dict[int, LinearHead]:
@@ -156,23 +150,20 @@ class RampLearner:
             for v in sorted(self.earlier[ramp])[:-self.cfg.keep or None]:
                 del self.earlier[ramp][v]
         self.heads[ramp] = head
-        proposed = self.proposed.pop(ramp, None)
-        self.scorers[ramp] = proposed[1] if proposed and proposed[0] is head else head
         self.versions[ramp] = (max([old, *self.earlier[ramp]]) + 1 if version is None
                                else int(version))
         return self.versions[ramp]
 
     def evidence(self, score_kind: str) -> ExitWindow | None:
         """The newest samples every ramp has feedback for, as each ramp's serving head scores
-        them (a refit as it was judged: see ``scorers``), what the ramp adjustment chooses the
-        active set on; None before any."""
+        them: what the ramp adjustment chooses the active set on; None before any."""
         n = min([self.cfg.evidence] + [len(b) for b in self.buffers.values()])
         if n == 0 or not self.buffers:
             return None
         preds, scores, y = [], [], None
         for r, head in self.heads.items():
             x, y = self.buffers[r].arrays()
-            logits = self.scorers.get(r, head).logits(x[-n:])
+            logits = head.logits(x[-n:])
             preds.append(logits.argmax(axis=1))
             scores.append(exit_score(logits, score_kind))
         return ExitWindow.build(tuple(self.heads), np.stack(preds), np.stack(scores),

@@ -26,7 +26,7 @@ its mistakes on samples it has not seen warrant; its answers do not change.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,7 +48,6 @@ class RefitConfig:
     significance: float = 3.0   # ... and that many standard deviations of the disagreeing pairs
     calibration_slack: float = 0.01  # how much worse its calibration error may be
     calibrate: bool = True      # soften a winning candidate (fold_temperature)
-    fit_all: bool = False       # a winner also learns the held-back samples (propose)
 
 
 class RampBuffer:
@@ -287,24 +286,12 @@ def judge(serving: LinearHead, candidate: LinearHead, x: np.ndarray, y: np.ndarr
 def propose(serving: LinearHead, buffer: RampBuffer, cfg: RefitConfig = RefitConfig()
             ) -> tuple[LinearHead | None, Verdict | None]:
     """Refit on the older part of ``buffer`` and judge on the newest ``holdout`` share:
-    (the head to deploy or None, the verdict or None when the buffer is too small)."""
-    head, _, verdict = propose_judged(serving, buffer, cfg)
-    return head, verdict
-
-
-def propose_judged(serving: LinearHead, buffer: RampBuffer, cfg: RefitConfig = RefitConfig()
-                   ) -> tuple[LinearHead | None, LinearHead | None, Verdict | None]:
-    """:func:`propose`, with the head as it was judged: (to deploy, as judged, verdict).
-
-    The verdict judges the refit as a procedure: fitted on the past, scored on what came
-    next. With ``fit_all`` the winner then takes a quarter of the steps more on the whole
-    buffer, from where it stands, and is deployed softened by the same temperature: the
-    held-back samples are the newest, the scene on now, and a head that never saw them
-    serves that scene's next inputs worse (a cold start gains most, a class at a time).
-    The deployed head is surer on the buffer than on what follows, so whatever chooses
-    thresholds on the buffer's newest samples should score them with the judged head."""
+    (the head to deploy or None, the verdict or None when the buffer is too small). The
+    head deployed is the head judged: one that also learned the held-back samples would be
+    surer on them than on what follows, and the thresholds are chosen on them (at the live
+    delays such heads cost agreement, docs/benchmarks.md)."""
     if len(buffer) < cfg.min_samples:
-        return None, None, None
+        return None, None
     x, y = buffer.arrays()
     cut = len(x) - max(1, round(len(x) * cfg.holdout))
     candidate = refit(serving, x[:cut], y[:cut], cfg)
@@ -314,9 +301,5 @@ def propose_judged(serving: LinearHead, buffer: RampBuffer, cfg: RefitConfig = R
         temperature = fold_temperature(serving, x[:cut], y[:cut], cfg)
         verdict = judge(serving, softened(candidate, temperature), x[cut:], y[cut:], cfg)
     if not verdict.accept:
-        return None, None, verdict
-    judged = softened(candidate, temperature)
-    if not cfg.fit_all:
-        return judged, judged, verdict
-    full = refit(candidate, x, y, replace(cfg, steps=max(1, cfg.steps // 4)))
-    return softened(full, temperature), judged, verdict
+        return None, verdict
+    return softened(candidate, temperature), verdict

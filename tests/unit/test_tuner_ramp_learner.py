@@ -81,23 +81,17 @@ def test_evidence_scores_every_ramp_with_its_current_head():
     assert np.array_equal(ev.pred[0], head.logits(x[-20:]).argmax(1))
 
 
-def test_a_refit_scores_the_evidence_as_it_was_judged_not_as_deployed():
-    # the deployed head took a last fit on the whole buffer (fit_all): on the buffer's
-    # newest samples it is surer than on what follows, so the evidence keeps the judged one
+def test_the_evidence_is_scored_by_the_heads_as_they_serve():
     rng, new, head = _setup()
-    learner = RampLearner({3: head}, LearnerConfig(RefitConfig(min_samples=64, fit_all=True),
-                                                  evidence=40))
+    learner = RampLearner({3: head}, LearnerConfig(RefitConfig(min_samples=64), evidence=40))
     x, y = _batch(rng, new, 400)
     learner.feed({3: x}, y)
     deployed = learner.propose(3).head
     assert deployed is not None
-    judged = learner.proposed[3][1]
-    assert judged is not deployed
-    learner.adopt(3, deployed)
-    score = learner.evidence("max_softmax").score[0]
-    assert np.allclose(score, exit_score(judged.logits(x[-40:]), "max_softmax"))
-    assert not np.allclose(score, exit_score(deployed.logits(x[-40:]), "max_softmax"))
-    learner.adopt(3, head, version=0)            # any other head scores as it serves
+    learner.adopt(3, deployed)  # the head deployed is the head its verdict judged
+    assert np.allclose(learner.evidence("max_softmax").score[0],
+                       exit_score(deployed.logits(x[-40:]), "max_softmax"))
+    learner.adopt(3, head, version=0)
     assert np.allclose(learner.evidence("max_softmax").score[0],
                        exit_score(head.logits(x[-40:]), "max_softmax"))
 

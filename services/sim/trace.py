@@ -232,7 +232,8 @@ def _report(progress: Callable[[str], None], name: str, done: int, total: int | 
     return now
 
 
-FEATURE_SHARE_RUNS = 150  # pairs of runs timing the features' cost (feature_share)
+FEATURE_SHARE_RUNS = 150  # pairs of runs timing the features' cost (feature_share) ...
+FEATURE_SHARE_S = 5.0     # ... unless they take longer than this (a slow model: 20 at least)
 
 
 def _stderr(msg: str) -> None:
@@ -267,9 +268,14 @@ def feature_share(rt: StageRuntime, sample: dict[str, np.ndarray] | np.ndarray,
         return time.perf_counter() - t0
 
     for _ in range(3):  # sessions built and warm
-        once(False), once(True)
-    pairs = np.array([(once(False), once(True)) for _ in range(runs)])
-    return max(0.0, float(np.median(pairs[:, 1] - pairs[:, 0]) / np.median(pairs[:, 0])))
+        once(False)
+        once(True)
+    pairs: list[tuple[float, float]] = []
+    start = time.perf_counter()
+    while len(pairs) < runs and (len(pairs) < 20 or time.perf_counter() - start < FEATURE_SHARE_S):
+        pairs.append((once(False), once(True)))
+    got = np.array(pairs)
+    return max(0.0, float(np.median(got[:, 1] - got[:, 0]) / np.median(got[:, 0])))
 
 
 def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
@@ -279,10 +285,11 @@ def record_trace(model_dir: str | Path, inputs: Iterator[dict[str, np.ndarray]],
                  features: bool = False) -> Trace:
     """Run a prepared model in process with every ramp active over ``inputs`` (chunks of
     samples, dict by input name) and record each ramp's top-1 and exit score and the final
-    top-1 (``features``: also what each head read, the heads, and the final logits of a model
-    with at most ``SOFT_TARGET_CLASSES`` classes). Latencies come from the manifest
-    (measured once at preparation), not from this run, so a trace does not depend on how
-    loaded the machine was while recording."""
+    top-1 (``features``: also what each head read, the heads, the final logits of a model
+    with at most ``SOFT_TARGET_CLASSES`` classes, and ``feature_share``). Latencies come
+    from the manifest (measured once at preparation), not from this run, so a trace does not
+    depend on how loaded the machine was while recording; ``feature_share`` is a ratio of
+    alternating runs, which a busy machine slows alike."""
     model_dir = Path(model_dir)
     manifest = Manifest.load(model_dir)
     if not manifest.ramps:

@@ -111,10 +111,22 @@ def interval_alert_limit(samples: int, constraint: float) -> int:
     agreement's 95 % Wilson interval stays at or above ``1 - constraint``: one more and the
     window is below the constraint with confidence (compute mode's alert, where the
     feedback is a sample). At 16 samples and 1 % this is 0, Apparate's own rule."""
+    return _interval_limit(samples, constraint, bound=1)
+
+
+def interval_tune_limit(samples: int, constraint: float) -> int:
+    """Most disagreements a window of ``samples`` may hold while the lower bound of its
+    agreement's 95 % Wilson interval stays at or above ``1 - constraint``: a config tuned to
+    this many is within the constraint with confidence, not just on the sample (0: none)."""
+    return _interval_limit(samples, constraint, bound=0)
+
+
+def _interval_limit(samples: int, constraint: float, bound: int) -> int:
+    """Most disagreements whose Wilson interval's ``bound`` (0 lower, 1 upper) stays at or
+    above ``1 - constraint``."""
     limit = 0
     while limit < samples:
-        _, upper = wilson_interval(samples - limit - 1, samples)
-        if upper < 1.0 - constraint - 1e-12:
+        if wilson_interval(samples - limit - 1, samples)[bound] < 1.0 - constraint - 1e-12:
             break
         limit += 1
     return limit

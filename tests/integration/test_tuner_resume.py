@@ -60,18 +60,19 @@ def test_resume_with_other_sites_starts_from_the_config_in_force(tuner, models_d
 
 def test_in_compute_mode_the_tuner_tunes_thresholds_and_leaves_the_active_set_to_plans(
         tuner, models_dir):
-    from services.tuner.controller import NEVER
+    from services.tuner.controller import COMPUTE_TUNE_WINDOW, NEVER
 
     tuner.store.save_exit_config(MODEL, {0: 0.1, 1: 0.2}, [0, 1], "compute", "test")
     got = tuner.load(MODEL)
     assert got.mode == "compute"
     assert got.controller.adjust_every == NEVER  # no ramp-adjustment rounds
-    assert got.controller.capacity <= 1024  # and no unbounded memory for them
-    assert got.controller.alert_on_interval  # feedback is a sample: alert on its interval
+    # the feedback it keeps is its tune window: no unbounded memory for adjustment rounds
+    assert got.controller.capacity == COMPUTE_TUNE_WINDOW
+    assert got.controller.sampled_feedback  # feedback is a sample: tune and alert on its interval
     tuner.store.save_exit_config(MODEL, {0: 0.1, 1: 0.2}, [0, 1], "latency", "test")
     back = tuner.load(MODEL)
     assert back.mode == "latency" and back.controller.adjust_every < NEVER
-    assert not back.controller.alert_on_interval
+    assert not back.controller.sampled_feedback
 
 
 def test_in_compute_mode_the_tuner_tunes_the_ramps_the_plan_runs_and_keeps_the_rest(
@@ -90,7 +91,7 @@ def test_in_compute_mode_the_tuner_tunes_the_ramps_the_plan_runs_and_keeps_the_r
     mt = tuner.load(MODEL)
     tuner._follow_plan(mt, [2, 0])  # the plan switched ramp 1 off
     assert mt.controller.active == (0, 2) and mt.controller.thresholds == (0.1, 0.3)
-    assert mt.controller.alert_on_interval and mt.controller.adjust_every > 10**9
+    assert mt.controller.sampled_feedback and mt.controller.adjust_every > 10**9
     d = SimpleNamespace(kind="tune", utilities=[], changed=True, active=(0, 2),
                         thresholds=(0.05, 0.25), trigger="alert", action="tune", reason="test")
     asyncio.run(tuner._deploy(mt, d, 0.1))

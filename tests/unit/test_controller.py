@@ -11,8 +11,19 @@ import pytest
 from services.common.stats import wilson_interval
 from services.exits.exit_window import ExitWindow
 from services.exits.latency_profile import LatencyProfile
-from services.tuner.controller import ExitController, TunerDecision
-from services.tuner.thresholds import evaluate, interval_alert_limit, meets, tune
+from services.tuner.controller import (
+    COMPUTE_TUNE_WINDOW,
+    ExitController,
+    TunerDecision,
+    mode_controller,
+)
+from services.tuner.thresholds import (
+    evaluate,
+    interval_alert_limit,
+    interval_tune_limit,
+    meets,
+    tune,
+)
 
 # 4 sites of a 10 ms model; a ramp costs 0.05 ms (budget 2% = 0.2 ms: up to 4 ramps)
 PROFILE = LatencyProfile.build([2.0, 4.0, 6.0, 8.0, 10.0], [0.05] * 4)
@@ -108,6 +119,65 @@ def test_interval_alert_limit_is_where_the_agreement_upper_bound_drops_below_tar
     assert wilson_interval(n - k - 1, n)[1] < 1 - constraint  # one more: alert
 
 
+@pytest.mark.parametrize(("n", "constraint"), [(1024, 0.01), (2048, 0.01), (4096, 0.01),
+                                               (256, 0.05)])
+def test_interval_tune_limit_keeps_the_agreement_lower_bound_at_the_target(
+        n: int, constraint: float) -> None:
+    k = interval_tune_limit(n, constraint)
+    assert 0 < k < constraint * n  # stricter than the point estimate
+    assert wilson_interval(n - k, n)[0] >= 1 - constraint
+    assert wilson_interval(n - k - 1, n)[0] < 1 - constraint
+
+
+def test_interval_tune_limit_allows_nothing_on_few_samples() -> None:
+    assert [interval_tune_limit(n, 0.01) for n in (0, 1, 16, 512)] == [0, 0, 0, 0]
+    assert interval_tune_limit(2048, 0.01) == 11
+
+
+def _sampled_stream(n: int, wrong: int, wrong_score: float) -> ExitWindow:
+    """``n`` samples whose ramps are right at scores 0.02-0.1 except ``wrong`` of them,
+    evenly spread, where every ramp is wrong at ``wrong_score``."""
+    w = batch((1, 2), n, seed=11)
+    pred, score = w.pred.copy(), w.score.copy()
+    bad = np.linspace(0, n - 1, wrong).astype(int)
+    pred[:, bad] = (w.final[bad] + 1) % 5
+    score[:, bad] = wrong_score
+    return ExitWindow.build((1, 2), pred, score, w.final)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_tune_on_sampled_feedback_leaves_only_what_the_interval_allows(sampled) -> None:
+    """1,024 samples, 5 of them wrong at score 0.3, under thresholds (0.2) that keep every
+    wrong one from exiting: no alert, and a savings tune once 1,024 samples are in. The point
+    estimate at the headroom (0.5 % of 1,024: 5) lets the thresholds pass 0.3 and the five
+    mistakes out; the interval's lower bound allows 3, so they stay in (exit: score < 0.3)."""
+    c = ctl(thresholds=(0.2, 0.2), slack_windows=1, tune_window=1024, min_tune_samples=1024,
+            adjust_every=10**9, sampled_feedback=sampled)
+    stream = _sampled_stream(1024, 5, 0.3)
+    got = []
+    for i in range(0, 1024, 16):
+        got += c.observe(ExitWindow.build((1, 2), stream.pred[:, i:i + 16],
+                                          stream.score[:, i:i + 16], stream.final[i:i + 16]))
+    assert c.counts["alerts"] == 0 and got[-1].trigger == "slack" and got[-1].tuned_on == 1024
+    wrong_out = evaluate(stream, PROFILE, c.thresholds).disagreements
+    if sampled:
+        assert max(c.thresholds) <= 0.3 and wrong_out == 0  # 5 > the 3 allowed: none out
+    else:
+        assert max(c.thresholds) > 0.3 and wrong_out == 5
+
+
+def test_compute_mode_tunes_on_sampled_feedback_and_latency_mode_does_not() -> None:
+    compute = mode_controller(PROFILE, (1, 2), (0.1, 0.1), compute=True)
+    latency = mode_controller(PROFILE, (1, 2), (0.1, 0.1), compute=False)
+    assert compute.sampled_feedback and compute.tune_window == COMPUTE_TUNE_WINDOW
+    assert not latency.sampled_feedback and latency.tune_window < COMPUTE_TUNE_WINDOW
+    assert compute.tune_constraint_on(512) == 0.0
+    assert latency.tune_constraint_on(512) == latency.tune_constraint
+    state = compute.to_dict()
+    state["params"]["alert_on_interval"] = state["params"].pop("sampled_feedback")
+    assert ExitController.from_dict(state).sampled_feedback  # a state stored by that name
+
+
 def test_interval_alert_is_apparates_rule_at_16_samples_and_1_percent() -> None:
     assert interval_alert_limit(16, 0.01) == 0
     # at 5 % the point estimate alerts at 1 of 16, the interval only when confident
@@ -119,7 +189,7 @@ def test_compute_mode_alert_fires_on_the_interval_upper_bound() -> None:
     estimate, so Apparate's rule alerts; its interval's upper bound is still above 95 %."""
     k = interval_alert_limit(16, 0.05)
     for rule, fires_at in ((False, 1), (True, k + 1)):
-        c = ctl(thresholds=(0.5, 0.5), constraint=0.05, alert_on_interval=rule)
+        c = ctl(thresholds=(0.5, 0.5), constraint=0.05, sampled_feedback=rule)
         got = []
         for i in range(16):
             got.append([x.trigger for x in c.observe(batch((1, 2), 1, seed=100 + i,

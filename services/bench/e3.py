@@ -61,6 +61,7 @@ from services.profiler.survival_forecast import (
 )
 from services.sim import e3_policies as pol
 from services.sim.e3_sim import Pipeline, exit_sites, simulate, summarize
+from services.tuner.controller import DEFAULT_TUNE_SHARE
 
 LOAD = 2.0             # offered rate: x the highest expected capacity of the three policies
 MAX_DOUBLINGS = 1      # ... doubled when a policy kept up with it
@@ -81,7 +82,8 @@ class Setup:
 
     model: str
     trace: Any
-    thresholds: np.ndarray
+    thresholds: np.ndarray          # every ramp tuned to the constraint on the trace (static)
+    start: np.ndarray               # the same with the tuner's headroom: where a tuner starts
     useful: tuple[int, ...]
     ramp_after: tuple[int, ...]
     classes: tuple[inputs.ClassProfile, ...]
@@ -156,6 +158,8 @@ def build_setup(opt: dict[str, Any], say: inputs.Say) -> Setup:
              if opt["device_profile"] else inputs.gpu_class(cpu_table, cpu_full,
                                                             subnet=opt["gpu_curve"]))
     th, exit_info = inputs.tuned_thresholds(trace, opt["constraint"])
+    # a tuner that adapts starts where its own tunes land: headroom below the constraint
+    start, start_info = inputs.tuned_thresholds(trace, DEFAULT_TUNE_SHARE * opt["constraint"])
     ramp_after = tuple(manifest.ramp(r).after_block for r in ids)
     every = exit_sites(trace.ramp_score, th, tuple(range(trace.n_sites)))
     useful = pol.useful_sites(th, every)
@@ -168,13 +172,15 @@ def build_setup(opt: dict[str, Any], say: inputs.Say) -> Setup:
                       **{k: trace.meta.get(k) for k in ("workload", "seed", "model_version")}},
             "exit_config": {**exit_info, "useful_ramps": list(useful),
                             "exit_rates": _exit_rates(exits, trace.n_sites)},
+            "adaptive_start": {k: start_info[k] for k in ("thresholds", "constraint",
+                                                          "agreement_on_trace")},
             "pools": {"easy": int(easy.sum()), "hard": int((~easy).sum()),
                       "definition": "easy: exits (every useful ramp active) at a ramp whose "
                       "batch-1 block time up to it is <= 50% of the whole model's on the "
                       "measured CPU table; hard: a later ramp or the final layer",
                       "ramp_cost_fraction": [round(float(x), 4) for x in frac]}}
     info["bus"] = bus
-    return Setup(opt["model"], trace, th, useful, ramp_after, (first, cpu),
+    return Setup(opt["model"], trace, th, start, useful, ramp_after, (first, cpu),
                  inputs.activation_bytes(manifest, ids), np.flatnonzero(easy),
                  np.flatnonzero(~easy), info)
 

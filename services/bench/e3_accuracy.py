@@ -5,8 +5,8 @@ does its feedback cost? A replay (``services.sim.compute_feedback``), not a live
         [--mixes 80/20,...] [--shadow-rate R] [--requests N] [--seed S]
 
 The stream and starting config are the E3 bench's (``services.bench.e3``'s setup: the
-recorded trace of the model's workload, every useful ramp with the thresholds tuned on the
-trace to the constraint, and the easy/hard pools). For each mix and shadow rate, over
+recorded trace of the model's workload, every useful ramp with the thresholds a tuner starts
+from, tuned on the trace with its headroom, and the easy/hard pools). For each mix and shadow rate, over
 ``SEEDS`` seeds (each a new stream and a new shadow sample), the tuner's own compute-mode
 controller starts from those thresholds and sees only the shadow sample. Reported per row:
 
@@ -57,7 +57,7 @@ def row_of(setup: e3.Setup, mix: str, rate: float, n: int, seed0: int, constrain
     tr, ids = setup.trace, list(setup.useful)
     pred, score, final = tr.ramp_pred[ids], tr.ramp_score[ids], tr.final_pred
     prof = tr.profile()
-    start = setup.thresholds[ids]
+    start = setup.start[ids]
     runs, static, equal = [], [], []
     for seed in range(seed0, seed0 + SEEDS):
         stream = pol.mix_stream(setup.easy, setup.hard, pol.parse_mix(mix), n, seed)

@@ -34,8 +34,9 @@ profiler has measured the model (``await_latency_profile``), and are measured af
 - E3's plans (versions, reasons, optimizer time) and the forecast MAPE of its batch
   profiles (ARIMA and naive against what each window observed).
 
-With ``--adapt`` the tuner runs beside the compute-mode policies: it starts from the same
-thresholds and adapts them on the shadow feedback, under the accuracy constraint; a
+With ``--adapt`` the tuner runs beside the compute-mode policies: it starts from thresholds
+tuned on the trace with its own headroom (half the constraint, ``Setup.start``), as a tuner
+that deployed them would, and adapts them on the shadow feedback, under the constraint; a
 policy's common phase then starts from the thresholds its tuner reached in the saturated
 phase, as a deployment that keeps running would (a fresh start from the trace's thresholds
 would measure the first minute of tuning again). Without ``--adapt`` the thresholds stay
@@ -362,7 +363,8 @@ def run_live(args) -> dict[str, Any]:
     manifest = Manifest.load(base.models_dir / model)
     ramp_ids = sorted(r.index for r in manifest.ramps)
     useful = [ramp_ids[s] for s in setup.useful]
-    thresholds = {ramp_ids[s]: float(setup.thresholds[s]) for s in setup.useful}
+    tuned = setup.start if opt["adapt"] else setup.thresholds
+    thresholds = {ramp_ids[s]: float(tuned[s]) for s in setup.useful}
     cpu = setup.classes[-1]
     b = opt["batch"]
     batch_ms = float(cpu.table.blocks_at(b).sum())

@@ -51,6 +51,11 @@ def test_bench_e3_sim_on_tiny_writes_every_key(small, capsys):
             assert s["answered"] + s["dropped"] == r["requests"]
             assert "at_common_load" in s
     assert doc["profile"]["measured_at"] and doc["trace"]["samples"] == 600
+    # a tuner that adapts starts with its headroom: tuned to half the constraint
+    start = doc["adaptive_start"]
+    assert start["constraint"] == 0.5 * doc["exit_config"]["constraint"]
+    assert start["agreement_on_trace"] >= 1 - start["constraint"]
+    assert len(start["thresholds"]) == len(doc["exit_config"]["thresholds"])
     printed = capsys.readouterr().out
     assert "SIMULATED" in printed and "MODELED" in printed and "optimizer:" in printed
 

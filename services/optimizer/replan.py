@@ -47,6 +47,18 @@ def rate_moved(planned: float, now: float) -> bool:
     return abs(now - planned) > RATE_CHANGE * max(planned, MIN_RATE)
 
 
+def request_rate(count: int, span_s: float, first_age_s: float | None,
+                 floor_s: float) -> float:
+    """Requests per second over the last ``span_s`` seconds, which held ``count`` requests,
+    the first ``first_age_s`` ago: over the part of the span since that first request (at
+    least ``floor_s``, so a handful of requests is not a burst), so a stream that began
+    within the span is not diluted by the quiet before it and replicas follow it a window
+    sooner."""
+    if count <= 0 or first_age_s is None:
+        return 0.0
+    return count / min(span_s, max(floor_s, first_age_s))
+
+
 def replan_reason(basis: Basis | None, now: float, inventory: Mapping[str, Sequence[str]],
                   newest_drift: datetime | None,
                   interval_s: float = DEFAULT_INTERVAL_S,

@@ -24,7 +24,7 @@ from schemas.plans import Plan
 from services.common import bus, logs
 from services.common.config import Config
 from services.optimizer import plan_inputs as pi
-from services.optimizer.replan import Basis, replan_reason
+from services.optimizer.replan import Basis, replan_reason, request_rate
 from services.optimizer.splits import plan as make_plan
 from services.optimizer.sticky_ramps import StageKey, keep_running, running_sites
 from services.optimizer.stragglers import StragglerWatch
@@ -115,8 +115,12 @@ class Optimizer:
 
     def rate(self, model: str) -> float:
         """Requests per second over the last few profile windows."""
-        span = RATE_WINDOWS * self.cfg.profile_window_s
-        return self.store.request_stats(model, utcnow() - timedelta(seconds=span))["count"] / span
+        span, now = RATE_WINDOWS * self.cfg.profile_window_s, utcnow()
+        stats = self.store.request_stats(model, now - timedelta(seconds=span))
+        first = stats["first_at"]
+        return request_rate(stats["count"], span,
+                            None if first is None else (now - first).total_seconds(),
+                            self.cfg.profile_window_s)
 
     def plan(self, model: str, geo: pi.ModelGeometry, tables: dict[str, Any], rate: float,
              reason: str, inventory: dict[str, tuple[str, ...]], drift: datetime | None,

@@ -275,15 +275,17 @@ class Store(PlanHistory, VariantProfiles, HeliosHistory):
 
     def request_stats(self, model: str, since: datetime) -> dict[str, Any]:
         """count, errors (status != 'ok'), p50_ms / p95_ms over ok requests, early_share
-        (early results / ok requests); None where there is nothing to measure."""
+        (early results / ok requests), first_at (the earliest received_at, naive UTC); None
+        where there is nothing to measure."""
         where = (Request.model == model, Request.received_at >= naive_utc(since))
         ok = Request.status == "ok"
         with self.engine.connect() as conn:
-            count, n_ok, n_early = conn.execute(
+            count, n_ok, n_early, first_at = conn.execute(
                 select(
                     func.count(),
                     func.coalesce(func.sum(case((ok, 1), else_=0)), 0),
                     func.coalesce(func.sum(case((ok & Request.early.is_(True), 1), else_=0)), 0),
+                    func.min(Request.received_at),
                 ).where(*where)
             ).one()
             latencies = sorted(
@@ -297,6 +299,7 @@ class Store(PlanHistory, VariantProfiles, HeliosHistory):
             "p50_ms": percentile(latencies, 50),
             "p95_ms": percentile(latencies, 95),
             "early_share": n_early / n_ok if n_ok else None,
+            "first_at": first_at,
         }
 
     def request_latencies(self, model: str, since: datetime) -> dict[str, float]:

@@ -91,7 +91,7 @@ from services.tuner.thresholds import (
 
 DEFAULT_WINDOW = 16          # samples per agreement window (§3.2)
 DEFAULT_TUNE_WINDOW = 512    # samples tuned on (chosen in the replay simulator, module doc)
-COMPUTE_TUNE_WINDOW = 2048   # sampled feedback: enough samples for a tune to allow any miss
+COMPUTE_TUNE_WINDOW = 2048   # sampled feedback: thousands of samples before a tune allows a few misses
 DEFAULT_SLACK_WINDOWS = 8    # clean windows before a savings tune
 DEFAULT_TUNE_SHARE = 0.5     # tune to this share of the constraint: headroom for drift
 DEFAULT_BACKOFF = ALERT_BACKOFF  # after an alert, failing ramps' thresholds <= this x wrong score

@@ -93,6 +93,17 @@ def test_inventory_change_and_drift_make_new_versions(ready: Store, tmp_path, ur
     assert new and plan.reason.startswith("timer")
 
 
+def test_the_rate_of_a_stream_that_just_began_is_not_diluted(ready: Store, tmp_path, url):
+    """40 requests over the last 2 s of a 30 s span (3 windows of 10 s): 4 req/s over the
+    10 s floor, where the whole span would read 1.3."""
+    opt = Optimizer(None, cfg(tmp_path, url, profile_window_s=10.0), ready, LOG)
+    assert opt.rate("m") == 0.0
+    now = utcnow()
+    ready.add_requests([{"request_id": f"q{i}", "model": "m", "status": "ok",
+                         "received_at": now - timedelta(seconds=2 * i / 40)} for i in range(40)])
+    assert opt.rate("m") == pytest.approx(4.0)
+
+
 def test_a_restarted_optimizer_resumes_from_the_stored_plan(ready: Store, tmp_path, url):
     Optimizer(None, cfg(tmp_path, url), ready, LOG).consider("m", 1000.0)
     plan, new = Optimizer(None, cfg(tmp_path, url), ready, LOG).consider("m", 1030.0)

@@ -233,6 +233,7 @@ def test_requests_and_stats(store: Store) -> None:
         "p50_ms": pytest.approx(50.5),
         "p95_ms": pytest.approx(95.05),
         "early_share": pytest.approx(0.25),
+        "first_at": now - timedelta(seconds=99),  # the oldest row since the cut-off
     }
     assert store.request_stats("m", now + timedelta(hours=1)) == {
         "count": 0,
@@ -240,6 +241,7 @@ def test_requests_and_stats(store: Store) -> None:
         "p50_ms": None,
         "p95_ms": None,
         "early_share": None,
+        "first_at": None,
     }
 
 

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from services.optimizer import plan_inputs as pi
-from services.optimizer.replan import Basis, inventory_change, replan_reason
+from services.optimizer.replan import Basis, inventory_change, replan_reason, request_rate
 from services.optimizer.splits import plan
 
 T = datetime(2026, 11, 26, 12, 0, 0)
@@ -117,6 +117,18 @@ def test_to_message_names_ramps_by_index_and_runs_ramps_without_a_forecast() -> 
     assert msg.stages[0].workers == ("a",)
     ran = [r for s in msg.stages for r in s.active_ramps]
     assert 7 in ran and 5 not in ran  # nothing exits at 5 as far as anyone knows: it costs
+
+
+def test_request_rate_counts_from_the_first_request_within_the_span() -> None:
+    # a steady stream over the whole 12 s span: the plain average
+    assert request_rate(1200, 12.0, 12.0, 4.0) == 100.0
+    # a stream that began 6 s ago: over those seconds, not diluted by the quiet before,
+    # but never over less than the floor (one window)
+    assert request_rate(570, 12.0, 6.0, 4.0) == 95.0
+    assert request_rate(190, 12.0, 1.0, 4.0) == 47.5
+    # an old first request (a sparse stream) caps at the span; nothing: 0
+    assert request_rate(12, 12.0, 30.0, 4.0) == 1.0
+    assert request_rate(0, 12.0, None, 4.0) == 0.0
 
 
 def test_replan_reasons_in_order() -> None:

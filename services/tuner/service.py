@@ -136,25 +136,31 @@ class Tuner:
         self.generation = GenerationTuning(nc, cfg, store, log)  # per-head thresholds
 
     def load(self, name: str) -> ModelTuner:
-        """Resume from the store: the saved controller if it matches the config in force,
-        else a controller starting from that config; the heads that config serves."""
+        """Resume from the store: the saved controller (its feedback and config, with the
+        mode's knobs as configured now) if it matches the config in force, else a controller
+        starting from that config; the heads that config serves."""
         manifest = Manifest.load(self.cfg.models_dir / name)
         latest = self.store.latest_exit_config(name)
         heads = dict(latest.heads) if latest is not None else {}
         saved = self.store.tuner_state(name)
         tuner = None
         if latest is not None and saved is not None and saved["config_version"] == latest.version:
-            ctrl = ExitController.from_dict(saved["state"])
+            state = saved["state"]
             prof = LatencyProfile.from_manifest(manifest)
-            if prof.n_sites == ctrl.profile.n_sites:
-                # costs as measured now (a re-preparation re-measures them), budget as configured
-                ctrl.profile, ctrl.budget = prof, self.cfg.ramp_budget
+            if prof.n_sites == len(state["profile"]["ramp_cost_ms"]):
+                # the feedback and config saved, run with the mode's knobs as configured now;
+                # costs as measured now (a re-preparation re-measures them)
+                knobs = self._controller(manifest, state["active"], state["thresholds"],
+                                         latest.mode == "compute").params()
+                ctrl = ExitController.from_dict({**state, "params": knobs})
+                ctrl.profile = prof
                 self.log.info("tuner resumed %s", logs.kv(model=name, version=latest.version,
                                                            samples=ctrl.seen))
                 tuner = ModelTuner(name, ctrl, latest.version, manifest, heads)
             else:
                 self.log.warning("saved tuner state has %d sites, the model now %d: starting "
-                                 "from the config in force", ctrl.profile.n_sites, prof.n_sites)
+                                 "from the config in force",
+                                 len(state["profile"]["ramp_cost_ms"]), prof.n_sites)
         if tuner is None:
             tuner = ModelTuner(name, self._fresh(manifest, latest),
                                latest.version if latest else 0, manifest, heads)

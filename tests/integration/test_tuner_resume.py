@@ -58,6 +58,26 @@ def test_resume_with_other_sites_starts_from_the_config_in_force(tuner, models_d
     assert got.active == (0, 1) and got.thresholds == (0.1, 0.2) and got.seen == 0
 
 
+def test_resume_keeps_the_feedback_and_takes_the_modes_knobs_as_configured_now(
+        tuner, models_dir):
+    """A state saved under other knobs (here: a compute-mode controller tuning the point
+    estimate on 512 samples) resumes its feedback and config under the mode's knobs."""
+    from services.exits.exit_window import ExitWindow
+    from services.tuner.controller import COMPUTE_TUNE_WINDOW
+
+    manifest = Manifest.load(models_dir / MODEL)
+    row = tuner.store.save_exit_config(MODEL, {0: 0.1, 1: 0.2}, [0, 1], "compute", "test")
+    old = ExitController(LatencyProfile.from_manifest(manifest), [0, 1], [0.1, 0.2],
+                         tune_window=512, sampled_feedback=False, version=row.version,
+                         slack_windows=None)
+    old.observe(ExitWindow.build((0, 1), [[1] * 8, [1] * 8], [[0.5] * 8] * 2, [1] * 8))
+    tuner.store.save_tuner_state(MODEL, old.to_dict(), row.version)
+    got = tuner.load(MODEL).controller
+    assert got.seen == 8 and got.thresholds == (0.1, 0.2)  # resumed, not reset
+    assert got.tune_window == COMPUTE_TUNE_WINDOW and got.sampled_feedback
+    assert got.slack_windows is not None  # the knob as configured, not as saved
+
+
 def test_in_compute_mode_the_tuner_tunes_thresholds_and_leaves_the_active_set_to_plans(
         tuner, models_dir):
     from services.tuner.controller import COMPUTE_TUNE_WINDOW, NEVER

@@ -6,9 +6,10 @@ does its feedback cost? A replay (``services.sim.compute_feedback``), not a live
 
 The stream and starting config are the E3 bench's (``services.bench.e3``'s setup: the
 recorded trace of the model's workload, every useful ramp with the thresholds a tuner starts
-from, tuned on the trace with its headroom, and the easy/hard pools). For each mix and shadow rate, over
-``SEEDS`` seeds (each a new stream and a new shadow sample), the tuner's own compute-mode
-controller starts from those thresholds and sees only the shadow sample. Reported per row:
+from, tuned on the trace with its headroom, and the easy/hard pools). For each mix and
+shadow rate, over ``SEEDS`` seeds (each a new stream and a new shadow sample), the tuner's
+own compute-mode controller starts from those thresholds and sees only the shadow sample.
+Reported per row:
 
 - agreement with the final model over the whole stream: min / median / max over seeds, and
   how many seeds meet the constraint;

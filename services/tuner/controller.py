@@ -91,7 +91,7 @@ from services.tuner.thresholds import (
 
 DEFAULT_WINDOW = 16          # samples per agreement window (§3.2)
 DEFAULT_TUNE_WINDOW = 512    # samples tuned on (chosen in the replay simulator, module doc)
-COMPUTE_TUNE_WINDOW = 2048   # sampled feedback: thousands of samples before a tune allows a few misses
+COMPUTE_TUNE_WINDOW = 2048   # sampled feedback: a tune allows a few misses only on thousands
 DEFAULT_SLACK_WINDOWS = 8    # clean windows before a savings tune
 DEFAULT_TUNE_SHARE = 0.5     # tune to this share of the constraint: headroom for drift
 DEFAULT_BACKOFF = ALERT_BACKOFF  # after an alert, failing ramps' thresholds <= this x wrong score
@@ -517,10 +517,7 @@ class ExitController:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ExitController:
         prof = LatencyProfile.build(d["profile"]["prefix_ms"], d["profile"]["ramp_cost_ms"])
-        params = dict(d["params"])
-        if "alert_on_interval" in params:  # the same knob, as states stored it before
-            params["sampled_feedback"] = params.pop("alert_on_interval")
-        c = cls(prof, d["active"], d["thresholds"], version=int(d["version"]), **params)
+        c = cls(prof, d["active"], d["thresholds"], version=int(d["version"]), **d["params"])
         for k in ("seen", "win_n", "win_dis", "clean", "since_adjust", "rounds"):
             setattr(c, k, int(d[k]))
         c.counts = {k: int(v) for k, v in d["counts"].items()}

@@ -6,8 +6,13 @@ final answer; the tuner keeps the newest of them per ramp (:class:`RampBuffer`) 
 time to time, refits the ramp's linear layer on them (:func:`refit`), warm-started from
 the head it serves. A candidate is deployed only when it beats the serving head on the
 newest samples, held back from the fit, by ``margin`` in agreement with the final model,
-and is calibrated no worse there (:func:`judge`): thresholds are set on scores, and a head
-that is right more often but confident in the wrong places would exit the wrong samples.
+and is no more over-confident there (:func:`judge`): thresholds are set on scores, and a
+head that is right more often but confident in the wrong places would exit the wrong
+samples. Only over-confidence counts against it: a head surer of less than it gets right
+exits fewer samples at a threshold, not wrong ones, and the thresholds of a changed head
+are chosen again on its own scores. A two-sided calibration error kept heads learned from
+scratch (``prepare --no-bootstrap``) behind barely-trained predecessors whenever softening
+left them unsure (the ``--no-bootstrap`` replay in docs/benchmarks.md).
 
 The fit is softmax regression on standardised features (the scaling is folded back into
 the weights, so a head still takes raw pooled features). Only the classes that matter on
@@ -46,7 +51,7 @@ class RefitConfig:
     l2: float = 1e-3            # pulls the moved weights towards the serving head's
     margin: float = 0.01        # agreement the candidate must gain on the held-back samples
     significance: float = 3.0   # ... and that many standard deviations of the disagreeing pairs
-    calibration_slack: float = 0.01  # how much worse its calibration error may be
+    calibration_slack: float = 0.01  # how much more over-confident it may be
     calibrate: bool = True      # soften a winning candidate (fold_temperature)
 
 
@@ -234,17 +239,30 @@ def _adam(xs: np.ndarray, target: np.ndarray, lse_rest: np.ndarray, w0: np.ndarr
     return w, b
 
 
-def calibration_error(logits: np.ndarray, labels: np.ndarray, bins: int = 10) -> float:
-    """Expected calibration error of the top-1 confidence against agreement with ``labels``."""
+def _confidence_gaps(logits: np.ndarray, labels: np.ndarray, bins: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Per top-1 confidence bin: its samples and its mean confidence minus its agreement
+    with ``labels``."""
     p = softmax(logits)
     conf, right = p.max(axis=1), (p.argmax(axis=1) == labels)
     edges = np.minimum((conf * bins).astype(int), bins - 1)
-    err = 0.0
-    for bin_ in range(bins):
-        sel = edges == bin_
-        if sel.any():
-            err += sel.sum() * abs(float(conf[sel].mean()) - float(right[sel].mean()))
-    return err / max(len(labels), 1)
+    counts = np.bincount(edges, minlength=bins).astype(np.float64)
+    used = np.maximum(counts, 1.0)
+    gaps = (np.bincount(edges, conf, bins) - np.bincount(edges, right, bins)) / used
+    return counts, gaps
+
+
+def calibration_error(logits: np.ndarray, labels: np.ndarray, bins: int = 10) -> float:
+    """Expected calibration error of the top-1 confidence against agreement with ``labels``."""
+    counts, gaps = _confidence_gaps(logits, labels, bins)
+    return float((counts * np.abs(gaps)).sum() / max(len(labels), 1))
+
+
+def overconfidence_error(logits: np.ndarray, labels: np.ndarray, bins: int = 10) -> float:
+    """The over-confident part of :func:`calibration_error`: per confidence bin, how far the
+    mean top-1 confidence exceeds the agreement with ``labels`` (0 where it does not)."""
+    counts, gaps = _confidence_gaps(logits, labels, bins)
+    return float((counts * np.maximum(gaps, 0.0)).sum() / max(len(labels), 1))
 
 
 @dataclass(frozen=True)
@@ -274,9 +292,10 @@ def judge(serving: LinearHead, candidate: LinearHead, x: np.ndarray, y: np.ndarr
                f"beyond chance ({gained} gained, {lost} lost)")
         return Verdict(False, a_s, a_c, e_s, e_c, why, len(labels))
     # a head that never learned (prepare --no-bootstrap: zero weights) says 1/K everywhere;
-    # its calibration error is an accident of the class mix, nothing to stay close to
-    if e_c > e_s + cfg.calibration_slack and serving.weight.any():
-        why = f"calibration error {e_c:.3f} worse than the serving {e_s:.3f}"
+    # its calibration is an accident of the class mix, nothing to stay close to
+    o_s, o_c = overconfidence_error(ls, labels), overconfidence_error(lc, labels)
+    if o_c > o_s + cfg.calibration_slack and serving.weight.any():
+        why = f"over-confidence {o_c:.3f} worse than the serving {o_s:.3f}"
         return Verdict(False, a_s, a_c, e_s, e_c, why, len(labels), True)
     return Verdict(True, a_s, a_c, e_s, e_c,
                    f"agreement {a_s:.3f} -> {a_c:.3f}, calibration error {e_s:.3f} -> {e_c:.3f}",

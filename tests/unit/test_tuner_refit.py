@@ -13,6 +13,7 @@ from services.tuner.refit import (
     calibration_error,
     fold_temperature,
     judge,
+    overconfidence_error,
     propose,
     refit,
     softened,
@@ -80,8 +81,28 @@ def test_a_worse_calibrated_candidate_is_refused():
     overconfident = LinearHead(10 * np.eye(3, dtype=np.float32), np.zeros(3, np.float32))
     assert calibration_error(serving.logits(x), labels) == pytest.approx(0.0, abs=1e-5)
     verdict = judge(serving, overconfident, x, labels, RefitConfig(margin=-1.0))
-    assert not verdict.accept and "calibration" in verdict.reason
+    assert not verdict.accept and "over-confidence" in verdict.reason
     assert verdict.candidate_agreement == verdict.serving_agreement == 0.8
+
+
+def test_an_under_confident_candidate_that_gains_is_accepted():
+    # serving: 80 % sure and right 80 % of the time; the candidate is right every time but
+    # only 40 % sure: far worse calibrated, never over-confident. Its thresholds are chosen
+    # again on its own scores, so being unsure costs exits, not agreement.
+    x = np.tile(np.log(np.array([0.8, 0.1, 0.1], np.float32)), (100, 1))
+    labels = np.array([0] * 80 + [1] * 20)
+    x2 = np.concatenate([x, np.eye(3, dtype=np.float32)[labels]], axis=1)
+    unsure = np.log(np.array([0.4, 0.3, 0.3], np.float32)) - np.log(0.3)  # 40 % on the label
+    candidate = LinearHead(np.concatenate([np.zeros((3, 3), np.float32),
+                                           unsure[0] * np.eye(3, dtype=np.float32)], axis=1),
+                           np.zeros(3, np.float32))
+    serving = LinearHead(np.concatenate([np.eye(3, dtype=np.float32), np.zeros((3, 3), np.float32)],
+                                     axis=1), np.zeros(3, np.float32))
+    verdict = judge(serving, candidate, x2, labels)
+    assert verdict.candidate_agreement == 1.0 and verdict.serving_agreement == 0.8
+    assert verdict.candidate_calibration > verdict.serving_calibration + 0.5  # stored ECE
+    assert overconfidence_error(candidate.logits(x2), labels) == pytest.approx(0.0, abs=1e-6)
+    assert verdict.accept, verdict.reason
 
 
 def test_the_refit_starts_from_the_serving_head(shift):
@@ -147,6 +168,14 @@ def test_calibration_error_is_zero_when_confidence_matches():
     logits = np.log(np.array([[0.5, 0.5, 1e-9]] * 4, np.float32))
     assert calibration_error(logits, np.array([0, 0, 1, 1])) == pytest.approx(0.0, abs=1e-6)
     assert calibration_error(logits, np.array([2, 2, 2, 2])) == pytest.approx(0.5, abs=1e-6)
+
+
+def test_overconfidence_error_counts_only_confidence_above_agreement():
+    logits = np.log(np.array([[0.5, 0.5, 1e-9]] * 4, np.float32))
+    wrong, right = np.array([2, 2, 2, 2]), np.array([0, 0, 0, 0])
+    assert overconfidence_error(logits, wrong) == pytest.approx(0.5, abs=1e-6)  # = the ECE
+    assert calibration_error(logits, right) == pytest.approx(0.5, abs=1e-6)    # unsure, right
+    assert overconfidence_error(logits, right) == pytest.approx(0.0, abs=1e-6)
 
 
 def test_a_gain_within_chance_is_refused():

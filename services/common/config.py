@@ -59,6 +59,7 @@ class Config:
     # once, until the next exit config (services/exits/exit_guard.py)
     exit_guard: bool = True
     refit: bool = True  # the tuner refits ramp heads from the features (needs a rate > 0)
+    gc_freeze: bool = True  # services freeze their startup heap (services/common/gc_pauses.py)
     metrics_port: int | None = None  # None: no metrics (`offramp up` gives each child one)
     metrics_bind: str = "127.0.0.1"
     nats_credentials: Path | None = None  # role credentials for a server the user runs
@@ -120,6 +121,7 @@ class Config:
             "OFFRAMP_RAMP_FEATURE_BOOST": str(self.ramp_feature_boost),
             "OFFRAMP_REFIT": "1" if self.refit else "0",
             "OFFRAMP_EXIT_GUARD": "1" if self.exit_guard else "0",
+            "OFFRAMP_GC_FREEZE": "1" if self.gc_freeze else "0",
             "OFFRAMP_SHADOW_RATE": str(self.shadow_rate),
             "OFFRAMP_PROFILE_WINDOW_S": str(self.profile_window_s),
             "OFFRAMP_PLAN_INTERVAL_S": str(self.plan_interval_s),
@@ -239,6 +241,7 @@ def _load() -> Config:
         ramp_feature_boost=_at_least_one("OFFRAMP_RAMP_FEATURE_BOOST", "2"),
         refit=_env("OFFRAMP_REFIT", "1") != "0",
         exit_guard=_env("OFFRAMP_EXIT_GUARD", "1") != "0",
+        gc_freeze=_env("OFFRAMP_GC_FREEZE", "1") != "0",
         shadow_rate=_fraction("OFFRAMP_SHADOW_RATE", "0.05"),
         profile_window_s=_positive_float("OFFRAMP_PROFILE_WINDOW_S", "10"),
         plan_interval_s=_positive_float("OFFRAMP_PLAN_INTERVAL_S", "120"),

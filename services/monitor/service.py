@@ -28,7 +28,7 @@ from schemas.codec import pack
 from schemas.helios import GenerationRecord, GenerationTelemetry
 from schemas.messages import decode_map
 from schemas.telemetry import RequestTelemetry, SampleTelemetry
-from services.common import bus, logs, metrics
+from services.common import bus, gc_pauses, logs, metrics
 from services.common.config import Config
 from services.common.stats import wilson_interval
 from services.monitor.profile_windows import ProfileWindow, SampleBatch, WindowTracker, utc_datetime
@@ -203,6 +203,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     monitor = Monitor(nc, cfg, store, log)
     upkeep = Upkeep(nc, store, log)
     await nc.subscribe(subjects.STATUS_MONITOR, cb=monitor.on_status)
+    gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("monitor ready %s", logs.kv(window=cfg.monitor_window))
     while not stop.is_set():
         failed = False

@@ -24,7 +24,7 @@ from nats.aio.client import Client
 from schemas import subjects
 from schemas.helios import BreachAlert, HeliosChoice
 from schemas.messages import decode_map
-from services.common import bus, logs
+from services.common import bus, gc_pauses, logs
 from services.common.config import Config
 from services.optimizer.helios import (
     Candidate,
@@ -176,6 +176,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     helios = Helios(nc, cfg, store, log)
     await nc.subscribe(subjects.helios_breach("*"), cb=helios.on_breach)
     models = await asyncio.to_thread(generative, store, list(cfg.models))
+    gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("helios ready %s", logs.kv(models=",".join(models), ri=cfg.helios_ri,
                                         eval_prompts=cfg.helios_eval_prompts))
     try:

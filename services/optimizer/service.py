@@ -21,7 +21,7 @@ from schemas import subjects
 from schemas.heartbeat import Heartbeat
 from schemas.messages import decode_map
 from schemas.plans import Plan
-from services.common import bus, logs
+from services.common import bus, gc_pauses, logs
 from services.common.config import Config
 from services.optimizer import plan_inputs as pi
 from services.optimizer.replan import Basis, replan_reason, request_rate
@@ -216,6 +216,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
                                       "compute mode: planned by the optimizer (E3)")
         if row is not None:
             log.info("exit mode set %s", logs.kv(model=model, version=row.version, mode="compute"))
+    gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("optimizer ready %s", logs.kv(models=",".join(cfg.models),
                                            interval_s=cfg.plan_interval_s,
                                            window_s=cfg.profile_window_s))

@@ -33,7 +33,7 @@ from typing import Any
 
 from threadpoolctl import threadpool_limits
 
-from services.common import logs, metrics
+from services.common import gc_pauses, logs, metrics
 from services.common.config import Config
 from services.profiler.batch_profile import window_start
 from services.profiler.cap_profiles import CapProfiler
@@ -343,6 +343,7 @@ async def serve_profiler(cfg: Config, stop: asyncio.Event, poll_s: float = POLL_
         batch_profiles(BatchProfiler(store, log, cfg.profile_window_s), stop, log),
         cap_profiles(CapProfiler(store, log, profiler.device), stop, CAP_POLL_S, log),
         repeat(PhtProfiler(store, log).poll, PHT_POLL_S, stop, log, "PHT")))
+    gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("profiler ready %s", logs.kv(device=profiler.device, poll_s=poll_s,
                                            window_s=cfg.profile_window_s))
     try:

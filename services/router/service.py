@@ -34,7 +34,7 @@ from schemas.messages import (
     request_id_of,
 )
 from schemas.telemetry import OK, RequestRecord
-from services.common import bus, logs, metrics
+from services.common import bus, gc_pauses, logs, metrics
 from services.common.config import Config
 from services.common.hotpath import publish_now, subscribe_direct
 from services.common.service_loop import supervise
@@ -623,6 +623,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     for name in router.models:
         supervise(f"dispatch-{name}", lambda name=name: router.dispatch_loop(name, stop),
                   router.tasks, log)
+    gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("router ready %s", logs.kv(id=router.id, models=",".join(router.models)))
     await stop.wait()
     # Answer everything still pending so no client waits for a reply that never comes.

@@ -43,7 +43,7 @@ from schemas import subjects
 from schemas.helios import BreachAlert, GenerationTelemetry, HeliosChoice
 from schemas.messages import ExitConfig, decode_map
 from schemas.telemetry import RampFeatures, SampleTelemetry
-from services.common import bus, logs, metrics
+from services.common import bus, gc_pauses, logs, metrics
 from services.common.background import run_low
 from services.common.config import Config
 from services.common.service_loop import spawn
@@ -470,6 +470,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     await nc.subscribe(subjects.ramp_features("*"), cb=tuner.on_features)
     await nc.subscribe(subjects.helios_decision("*"), cb=tuner.on_decision)
     await nc.subscribe(subjects.telemetry_generation("*"), cb=tuner.on_generation)
+    gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("tuner ready %s", logs.kv(models=",".join(tuner.models),
                                         constraint=cfg.accuracy_loss,
                                         climb=climb_native.engine(cfg.tuner_native)))

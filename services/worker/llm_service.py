@@ -42,7 +42,7 @@ from schemas.messages import (
     request_id_of,
 )
 from schemas.telemetry import OK, RequestRecord, RequestTelemetry
-from services.common import bus, logs
+from services.common import bus, gc_pauses, logs
 from services.common.config import Config
 from services.common.hotpath import publish_all, subscribe_direct
 from services.common.service_loop import supervise
@@ -551,6 +551,7 @@ async def serve_llm(cfg: Config, stop: asyncio.Event, model: str) -> None:
     tasks: set[asyncio.Task] = set()
     supervise("heartbeat", lambda: worker.heartbeat_loop(stop), tasks, log)
     runner = supervise("decode", lambda: worker.run(stop), tasks, log)
+    gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("llm worker ready %s", logs.kv(id=worker.id, slots=worker.slots,
                                            layers=worker.decoder.n_layers,
                                            depth=worker.decoder.depth,

@@ -24,7 +24,7 @@ from nats.aio.msg import Msg
 from schemas import subjects
 from schemas.messages import decode_map
 from schemas.plans import Plan, StageRole
-from services.common import bus, logs
+from services.common import bus, gc_pauses, logs
 from services.common.config import Config
 from services.common.service_loop import spawn
 from services.runtime.devices import device_class
@@ -135,6 +135,7 @@ async def serve_pool(cfg: Config, stop: asyncio.Event) -> None:
     await nc.subscribe(subjects.plan("*"), cb=pool.on_plan)
     announce = asyncio.ensure_future(pool.announce_loop(stop))
     await pool.resume()
+    gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("pool worker ready %s", logs.kv(id=pool.id, device=pool.device,
                                              models=",".join(cfg.models)))
     await stop.wait()

@@ -38,7 +38,7 @@ from schemas.telemetry import (
     RequestTelemetry,
     SampleTelemetry,
 )
-from services.common import bus, logs, metrics
+from services.common import bus, gc_pauses, logs, metrics
 from services.common.background import run_low
 from services.common.config import Config
 from services.common.hotpath import flush_now, publish_all, subscribe_direct
@@ -794,6 +794,7 @@ async def start_role(nc: Client, cfg: Config, store, log, plan: StagePlan,
     supervise("telemetry", lambda: worker.telemetry_loop(stop), worker.tasks, log)
     supervise("fusion", lambda: worker.fusion_loop(stop), worker.tasks, log)
     runner = supervise("batches", lambda: worker.run(stop), worker.tasks, log)
+    gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("worker ready %s", logs.kv(id=worker.id, blocks=f"{plan.first_block}:{plan.last_block}",
                                        ramps=[r.index for r in worker.ramps],
                                        providers=",".join(runtime.providers),

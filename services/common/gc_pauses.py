@@ -2,14 +2,14 @@
 
 A service imports numpy, ONNX Runtime, SQLAlchemy and often torch: hundreds of thousands of
 long-lived objects. Every full (generation-2) collection walks them all, and the process
-does nothing else meanwhile. A ``gc.callbacks`` probe of ``offramp bench overhead`` on a
-2-core VM measured full collections of 80-135 ms in workers, the profiler and the monitor,
-and up to 258 ms in the bench client: a stall for every request in flight, far above the
-model's own time. ``settle`` collects once when a service has started and moves every
-object alive then into the permanent generation (``gc.freeze``), so later collections walk
-only what the service allocates while it serves. Reference counting still frees frozen
-objects; only cyclic garbage still alive at the freeze would be kept, and the collection
-just before it leaves none.
+does nothing else meanwhile: 37-280 ms on a 2-core VM. Most fall while a service starts,
+but a ``gc.callbacks`` probe of ``offramp demo`` caught one of 83 ms in a worker while it
+served and one of 276 ms in the client while it timed requests (docs/benchmarks.md).
+``settle`` collects once when a service has started and moves every object alive then into
+the permanent generation (``gc.freeze``), so later collections walk only what the service
+allocates while it serves. Reference counting still frees frozen objects; only an object
+that joins cyclic garbage after the freeze stays (the collection just before it leaves
+none that is garbage already).
 """
 
 from __future__ import annotations

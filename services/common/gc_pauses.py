@@ -29,3 +29,9 @@ def settle(enabled: bool | None = None) -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def settle_once(enabled: bool | None = None) -> int:
+    """:func:`settle` unless this process has frozen already: a load generator drives several
+    stacks in turn, and freezing again would pin whatever each one left alive for good."""
+    return gc.get_freeze_count() or settle(enabled)

@@ -112,7 +112,7 @@ async def drive(nc: Client, model: str, inputs: list[dict[str, np.ndarray]], con
     inputs until ``duration_s`` elapses."""
     outcomes: list[Outcome] = []
     counter = iter(range(10**12))
-    gc_pauses.settle()  # a client's full collection would stall every request it times
+    gc_pauses.settle_once()  # a client's full collection would stall every request it times
     stop_at = None if duration_s is None else time.perf_counter() + duration_s
 
     async def one_loop() -> None:
@@ -157,7 +157,7 @@ async def drive_open(nc: Client, model: str, inputs: list[dict[str, np.ndarray]]
     the scheduled arrival, so a late send counts against the system, not for it."""
     if len(arrival_s) != len(inputs):
         raise ValueError(f"{len(inputs)} inputs but {len(arrival_s)} arrival times")
-    gc_pauses.settle()  # a client's full collection would stall every request it times
+    gc_pauses.settle_once()  # a client's full collection would stall every request it times
     loop = asyncio.get_running_loop()
     # Arrivals on the loop's clock (latency) and on the pacing thread's; both monotonic.
     start, start_mono = loop.time(), time.monotonic()

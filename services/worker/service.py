@@ -794,7 +794,6 @@ async def start_role(nc: Client, cfg: Config, store, log, plan: StagePlan,
     supervise("telemetry", lambda: worker.telemetry_loop(stop), worker.tasks, log)
     supervise("fusion", lambda: worker.fusion_loop(stop), worker.tasks, log)
     runner = supervise("batches", lambda: worker.run(stop), worker.tasks, log)
-    gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("worker ready %s", logs.kv(id=worker.id, blocks=f"{plan.first_block}:{plan.last_block}",
                                        ramps=[r.index for r in worker.ramps],
                                        providers=",".join(runtime.providers),
@@ -855,6 +854,9 @@ async def serve(cfg: Config, stop: asyncio.Event, model: str, stage: int, cuts: 
     store = Store(cfg.database_url)
     nc = await bus.connect_as(cfg, "worker", f"offramp-worker-{model}-{stage}")
     role = await start_role(nc, cfg, store, log, StagePlan(model, stage, len(ranges), first, last))
+    # once, here: a pool worker starts roles while it serves, and a freeze there would pin
+    # each role's objects for good (the pool settles when it starts)
+    gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     await stop.wait()
     await finish_role(role, log)
     await bus.close(nc)

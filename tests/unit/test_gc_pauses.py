@@ -42,6 +42,13 @@ def test_settle_does_nothing_when_turned_off(unfrozen, monkeypatch):
     assert gc_pauses.settle() > 0
 
 
+def test_settle_once_freezes_only_the_first_time(unfrozen):
+    first = gc_pauses.settle_once(True)
+    later = [_Node() for _ in range(100)]
+    assert first > 0 and gc_pauses.settle_once(True) == first == gc.get_freeze_count()
+    assert all(any(o is n for o in gc.get_objects()) for n in later[:3])  # not frozen
+
+
 def test_the_setting_reaches_child_services(monkeypatch):
     from services.common import config
 

@@ -24,7 +24,7 @@ from services.bench.plot import ROLL, draw
 from services.bench.report import machine
 from services.common import config
 from services.common.stats import percentile
-from services.sim.fixed_ceiling import OBJECTIVES, best_fixed
+from services.sim.fixed_ceiling import OBJECTIVES, best_fixed, held_out
 from services.sim.replay import (
     DECISION_DELAY_S,
     FEEDBACK_BACKLOG,
@@ -116,15 +116,21 @@ def add_views(doc: dict[str, Any], args: argparse.Namespace, results: dict[str, 
 
 def ceilings(trace: Trace, constraint: float, budget: float) -> dict[str, dict]:
     """The best fixed configs in hindsight (``sim/fixed_ceiling.py``): median- and
-    mean-optimal, at the constraint and at the share of it the live tuner aims for."""
+    mean-optimal, at the constraint and at the share of it the live tuner aims for. Each
+    carries ``held_out``: the same search on the first half of the trace, judged on the
+    second."""
     trained = trace.meta.get("trained") or [True] * trace.n_sites  # --no-bootstrap: untrained
-    window = trace.window(tuple(s for s in range(trace.n_sites) if trained[s]))
+    sites = tuple(s for s in range(trace.n_sites) if trained[s])
+    window, half = trace.window(sites), trace.n_samples // 2
+    first, rest = trace.window(sites, 0, half), trace.window(sites, half)
     profile = trace.profile()
     out = {}
     for label, c in (("constraint", constraint), ("headroom", DEFAULT_TUNE_SHARE * constraint)):
         for objective in OBJECTIVES:
-            out[f"{objective}@{label}"] = best_fixed(window, profile, c, budget,
-                                                     objective).as_dict()
+            best = best_fixed(window, profile, c, budget, objective).as_dict()
+            if half > 0:
+                best["held_out"] = held_out(first, rest, profile, c, budget, objective).as_dict()
+            out[f"{objective}@{label}"] = best
     return out
 
 
@@ -132,13 +138,18 @@ def ceiling_table(doc: dict[str, Any]) -> list[str]:
     if "ceiling" not in doc:
         return []
     lines = [("best fixed config in hindsight (the whole trace; model time of one sample, no "
-              "queueing; change vs the full model alone):")]
+              "queueing; change vs the full model alone); held out: chosen on the first half, "
+              "served on the second:")]
     for key, c in doc["ceiling"].items():
         objective, label = key.split("@")
         lines.append(f"  {objective + '-optimal':<13} at {c['constraint']:.2%} ({label}): active "
                      f"{list(c['active'])}, p50 {c['p50_change']:+.1%}, mean "
                      f"{c['mean_change']:+.1%}, agreement {c['agreement']:.4f}, exits "
                      f"{c['exit_rate']:.2f}")
+        if h := c.get("held_out"):
+            lines.append(f"  {'':<13}    held out: active {list(h['active'])}, p50 "
+                         f"{h['p50_change']:+.1%}, mean {h['mean_change']:+.1%}, agreement "
+                         f"{h['agreement']:.4f}, exits {h['exit_rate']:.2f}")
     return lines
 
 

@@ -14,6 +14,10 @@ active site s costs ``prefix_ms[s]`` plus the heads run so far, no exit the full
 every active head. Active sets hold up to ``max_active`` trained sites within the ramp budget;
 thresholds come from coordinate passes over each ramp's score quantiles, each pass scoring
 a ramp's whole grid at once with the tuner's own replay (``tuner.thresholds.Replay``).
+
+In-sample, the search overfits: with a few hundred samples it finds the thresholds that
+happen to let the median sample out. ``held_out`` chooses on the first part of a stream and
+judges on the rest: nearer what a tuner that learns from the past can hope for.
 """
 
 from __future__ import annotations
@@ -114,3 +118,20 @@ def best_fixed(window: ExitWindow, profile: LatencyProfile, constraint: float = 
     lat, agree, done = (a[0] for a in fixed_latency(rp, np.asarray([best[1]], float)))
     return Ceiling(objective, constraint, best[0], best[1], full, float(np.median(lat)),
                    float(lat.mean()), float(agree.mean()), float(done.mean()))
+
+
+def judge_fixed(window: ExitWindow, profile: LatencyProfile, ceiling: Ceiling) -> Ceiling:
+    """``ceiling``'s config (found on other samples) served on ``window``, as it fares there."""
+    rp = Replay(window.select(list(ceiling.active)), profile)
+    lat, agree, done = (a[0] for a in fixed_latency(rp, np.asarray([ceiling.thresholds], float)))
+    return Ceiling(ceiling.objective, ceiling.constraint, ceiling.active, ceiling.thresholds,
+                   profile.full_ms, float(np.median(lat)), float(lat.mean()),
+                   float(agree.mean()), float(done.mean()))
+
+
+
+def held_out(first: ExitWindow, rest: ExitWindow, profile: LatencyProfile,
+             constraint: float = 0.01, budget: float = 0.02, objective: str = "p50") -> Ceiling:
+    """The best fixed config on the samples of ``first``, judged on those of ``rest`` (the
+    later part of the same stream; see module doc)."""
+    return judge_fixed(rest, profile, best_fixed(first, profile, constraint, budget, objective))

@@ -84,6 +84,8 @@ def test_bench_apparate_ceiling(tmp_path, capsys) -> None:
         assert 1 - c["agreement"] <= c["constraint"] + 1e-12
         assert c["constraint"] == (0.01 if key.endswith("@constraint") else 0.005)
         assert c["p50_change"] <= 0.0 or not c["active"]
+        assert c["held_out"]["constraint"] == c["constraint"]  # chosen on one half, judged on the other
     tight, loose = doc["ceiling"]["p50@headroom"], doc["ceiling"]["p50@constraint"]
     assert loose["p50_ms"] <= tight["p50_ms"] + 1e-9  # more tolerance never hurts the best
-    assert "best fixed config in hindsight" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "best fixed config in hindsight" in text and "held out: active" in text

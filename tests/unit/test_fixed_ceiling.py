@@ -8,7 +8,7 @@ from itertools import product
 import numpy as np
 import pytest
 
-from services.sim.fixed_ceiling import best_fixed, fixed_latency
+from services.sim.fixed_ceiling import best_fixed, fixed_latency, held_out, judge_fixed
 from services.sim.trace import Trace
 from services.tuner.thresholds import Replay
 
@@ -106,3 +106,26 @@ def test_bad_arguments_are_refused() -> None:
         _best(tr, constraint=1.0)
     with pytest.raises(ValueError, match="max_active"):
         _best(tr, max_active=0)
+
+
+def test_judging_on_the_same_samples_repeats_the_search_figures() -> None:
+    tr = _trace(seed=2)
+    c = _best(tr, 0.05, 1.0)
+    again = judge_fixed(tr.window((0, 1, 2)), tr.profile(), c)
+    assert again == c
+
+
+def test_held_out_chooses_on_the_first_part_and_judges_on_the_rest() -> None:
+    """The second half's ramps turn useless: a config chosen on the first half exits there
+    and breaks the constraint on the second, whatever it got in-sample."""
+    tr = _trace(n=400, seed=4)
+    pred = tr.ramp_pred.copy()
+    pred[:, 200:] = (tr.final_pred[200:] + 1) % 5  # every ramp wrong after sample 200
+    shifted = Trace(pred, tr.ramp_score, tr.final_pred, tr.prefix_ms, tr.ramp_cost_ms)
+    sites = (0, 1, 2)
+    first, rest = shifted.window(sites, 0, 200), shifted.window(sites, 200)
+    h = held_out(first, rest, shifted.profile(), 0.05, 1.0)
+    chosen = best_fixed(first, shifted.profile(), 0.05, 1.0)
+    assert (h.active, h.thresholds) == (chosen.active, chosen.thresholds) and h.active
+    assert h.agreement == pytest.approx(1 - h.exit_rate) and h.exit_rate > 0.05
+    assert chosen.agreement >= 0.95  # in-sample it met the constraint

@@ -112,7 +112,6 @@ async def drive(nc: Client, model: str, inputs: list[dict[str, np.ndarray]], con
     inputs until ``duration_s`` elapses."""
     outcomes: list[Outcome] = []
     counter = iter(range(10**12))
-    gc_pauses.settle_once()  # a client's full collection would stall every request it times
     stop_at = None if duration_s is None else time.perf_counter() + duration_s
 
     async def one_loop() -> None:
@@ -128,7 +127,8 @@ async def drive(nc: Client, model: str, inputs: list[dict[str, np.ndarray]], con
             if on_done is not None:
                 on_done(out)
 
-    await asyncio.gather(*(one_loop() for _ in range(concurrency)))
+    with gc_pauses.timing():  # a client's collection would stall every request it times
+        await asyncio.gather(*(one_loop() for _ in range(concurrency)))
     return outcomes
 
 
@@ -157,7 +157,7 @@ async def drive_open(nc: Client, model: str, inputs: list[dict[str, np.ndarray]]
     the scheduled arrival, so a late send counts against the system, not for it."""
     if len(arrival_s) != len(inputs):
         raise ValueError(f"{len(inputs)} inputs but {len(arrival_s)} arrival times")
-    gc_pauses.settle_once()  # a client's full collection would stall every request it times
+    gc_pauses.settle_once()  # before the schedule starts: the first freeze takes a while
     loop = asyncio.get_running_loop()
     # Arrivals on the loop's clock (latency) and on the pacing thread's; both monotonic.
     start, start_mono = loop.time(), time.monotonic()
@@ -177,16 +177,17 @@ async def drive_open(nc: Client, model: str, inputs: list[dict[str, np.ndarray]]
         if len(tasks) == len(offsets) and not all_sent.done():
             all_sent.set_result(None)
 
-    if offsets:
-        stop = threading.Event()
-        pacer = threading.Thread(target=_pace, name="offramp-pacer", daemon=True,
-                                 args=(loop, [start_mono + t for t in offsets], fire, stop))
-        pacer.start()
-        try:
-            await all_sent
-        finally:
-            stop.set()
-    await asyncio.gather(*tasks)
+    with gc_pauses.timing():  # a client's collection would stall every request it times
+        if offsets:
+            stop = threading.Event()
+            pacer = threading.Thread(target=_pace, name="offramp-pacer", daemon=True,
+                                     args=(loop, [start_mono + t for t in offsets], fire, stop))
+            pacer.start()
+            try:
+                await all_sent
+            finally:
+                stop.set()
+        await asyncio.gather(*tasks)
     return sorted(outcomes, key=lambda o: o.index)
 
 

@@ -57,3 +57,22 @@ def test_the_setting_reaches_child_services(monkeypatch):
     assert cfg.gc_freeze is False and cfg.as_env()["OFFRAMP_GC_FREEZE"] == "0"
     monkeypatch.delenv("OFFRAMP_GC_FREEZE")
     assert config.load().gc_freeze is True
+
+
+def test_timing_keeps_the_collector_off_inside_and_restores_it(unfrozen):
+    assert gc.isenabled()
+    with gc_pauses.timing(True):
+        assert not gc.isenabled() and gc.get_freeze_count() > 0
+        with gc_pauses.timing(True):  # nested: the outer block decides when it comes back
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), gc_pauses.timing(True):
+        raise RuntimeError("a failed run")
+    assert gc.isenabled()                 # back on however the block ends
+
+
+def test_timing_leaves_the_collector_alone_when_turned_off(unfrozen, monkeypatch):
+    monkeypatch.setenv("OFFRAMP_GC_FREEZE", "0")
+    with gc_pauses.timing():
+        assert gc.isenabled() and gc.get_freeze_count() == 0

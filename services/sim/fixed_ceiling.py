@@ -114,20 +114,23 @@ def best_fixed(window: ExitWindow, profile: LatencyProfile, constraint: float = 
             key, th = _tune(rp, objective, allowed, [grid[s] for s in active])
             if key < best_key:
                 best_key, best = key, (active, th)
-    rp = Replay(window.select(list(best[0])), profile)
-    lat, agree, done = (a[0] for a in fixed_latency(rp, np.asarray([best[1]], float)))
-    return Ceiling(objective, constraint, best[0], best[1], full, float(np.median(lat)),
-                   float(lat.mean()), float(agree.mean()), float(done.mean()))
+    return _served(window, profile, objective, constraint, *best)
+
+
+def _served(window: ExitWindow, profile: LatencyProfile, objective: str, constraint: float,
+            active: tuple[int, ...], thresholds: tuple[float, ...]) -> Ceiling:
+    """One fixed config served on ``window``: its figures there."""
+    rp = Replay(window.select(list(active)), profile)
+    lat, agree, done = (a[0] for a in fixed_latency(rp, np.asarray([thresholds], float)))
+    return Ceiling(objective, constraint, active, thresholds, profile.full_ms,
+                   float(np.median(lat)), float(lat.mean()), float(agree.mean()),
+                   float(done.mean()))
 
 
 def judge_fixed(window: ExitWindow, profile: LatencyProfile, ceiling: Ceiling) -> Ceiling:
     """``ceiling``'s config (found on other samples) served on ``window``, as it fares there."""
-    rp = Replay(window.select(list(ceiling.active)), profile)
-    lat, agree, done = (a[0] for a in fixed_latency(rp, np.asarray([ceiling.thresholds], float)))
-    return Ceiling(ceiling.objective, ceiling.constraint, ceiling.active, ceiling.thresholds,
-                   profile.full_ms, float(np.median(lat)), float(lat.mean()),
-                   float(agree.mean()), float(done.mean()))
-
+    return _served(window, profile, ceiling.objective, ceiling.constraint, ceiling.active,
+                   ceiling.thresholds)
 
 
 def held_out(first: ExitWindow, rest: ExitWindow, profile: LatencyProfile,

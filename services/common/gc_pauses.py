@@ -32,20 +32,28 @@ def _enabled(enabled: bool | None) -> bool:
     return os.environ.get("OFFRAMP_GC_FREEZE", "1") != "0" if enabled is None else enabled
 
 
-def settle(enabled: bool | None = None) -> int:
-    """Collect, then freeze every object now alive; returns how many objects the permanent
-    generation holds (0 when disabled; ``enabled`` as in :func:`_enabled`)."""
+_settled = False  # this process has frozen its heap; see settle_once
+
+
+def settle(enabled: bool | None = None) -> bool:
+    """Collect, then freeze every object now alive; returns whether it did (``enabled`` as
+    in :func:`_enabled`)."""
+    global _settled
     if not _enabled(enabled):
-        return 0
+        return False
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
+    _settled = True
+    return True
 
 
-def settle_once(enabled: bool | None = None) -> int:
-    """:func:`settle` unless this process has frozen already: a load generator drives several
-    stacks in turn, and freezing again would pin whatever each one left alive for good."""
-    return gc.get_freeze_count() or settle(enabled)
+def settle_once(enabled: bool | None = None) -> bool:
+    """:func:`settle` unless this process has frozen already (returns whether it froze now):
+    a load generator drives several stacks in turn, and freezing again would pin whatever
+    each one left alive for good. A flag says so, not ``gc.get_freeze_count()``: that walks
+    the whole permanent generation, 70 ms for a bench client's, and it stalled the start of
+    every timed run."""
+    return False if _settled else settle(enabled)
 
 
 @contextlib.contextmanager

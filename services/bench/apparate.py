@@ -122,14 +122,14 @@ def ceilings(trace: Trace, constraint: float, budget: float) -> dict[str, dict]:
     trained = trace.meta.get("trained") or [True] * trace.n_sites  # --no-bootstrap: untrained
     sites = tuple(s for s in range(trace.n_sites) if trained[s])
     window, half = trace.window(sites), trace.n_samples // 2
-    first, rest = trace.window(sites, 0, half), trace.window(sites, half)
+    halves = (trace.window(sites, 0, half), trace.window(sites, half)) if half else None
     profile = trace.profile()
     out = {}
     for label, c in (("constraint", constraint), ("headroom", DEFAULT_TUNE_SHARE * constraint)):
         for objective in OBJECTIVES:
             best = best_fixed(window, profile, c, budget, objective).as_dict()
-            if half > 0:
-                best["held_out"] = held_out(first, rest, profile, c, budget, objective).as_dict()
+            if halves is not None:  # a one-sample trace has no first half
+                best["held_out"] = held_out(*halves, profile, c, budget, objective).as_dict()
             out[f"{objective}@{label}"] = best
     return out
 

@@ -89,3 +89,11 @@ def test_bench_apparate_ceiling(tmp_path, capsys) -> None:
     assert loose["p50_ms"] <= tight["p50_ms"] + 1e-9  # more tolerance never hurts the best
     text = capsys.readouterr().out
     assert "best fixed config in hindsight" in text and "held out: active" in text
+
+
+def test_ceilings_of_a_one_sample_trace_have_no_held_out_part() -> None:
+    from services.bench.apparate import ceilings
+
+    got = ceilings(easy(n=1), 0.01, 0.02)
+    assert set(got) == {"p50@constraint", "mean@constraint", "p50@headroom", "mean@headroom"}
+    assert all("held_out" not in c for c in got.values())

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-from statsmodels.tools.sm_exceptions import ConvergenceWarning
-from statsmodels.tsa.arima.model import ARIMA
 
 # ARIMA(0,1,1), i.e. exponential smoothing with a fitted weight. A ramp's observed survival
 # is the workload's hardness level (steady, drifting, or switching between mixes, E3 §5.4)
@@ -90,6 +88,11 @@ class ArimaForecaster:
         series (start parameters, frequency) and the service's logs should not be.
         (``catch_warnings`` swaps the process's filters while it runs: fit from one
         thread at a time.)"""
+        # imported at the first fit: statsmodels takes over a second of CPU to import,
+        # which every profiler (and every stack) would pay at start-up
+        from statsmodels.tools.sm_exceptions import ConvergenceWarning
+        from statsmodels.tsa.arima.model import ARIMA
+
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:

@@ -7,9 +7,9 @@ from itertools import pairwise
 
 import numpy as np
 import pytest
+import statsmodels.tsa.arima.model
 from statsmodels.tools.sm_exceptions import ConvergenceWarning
 
-from services.profiler import survival_forecast
 from services.profiler.survival_forecast import (
     ARIMA_ORDER,
     MAX_HISTORY,
@@ -127,7 +127,8 @@ class _Unconverged:
 
 
 def test_an_unconverged_fit_falls_back_and_its_warning_stays_inside(monkeypatch):
-    monkeypatch.setattr(survival_forecast, "ARIMA", _Unconverged)
+    # the forecaster imports ARIMA when it fits, from statsmodels' module
+    monkeypatch.setattr(statsmodels.tsa.arima.model, "ARIMA", _Unconverged)
     x = ar1(20, 0.35, 0.3, 0.5, 0.05)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning escaping would fail here

@@ -27,6 +27,7 @@ from services.common.credentials import (
     server_url_file,
     with_login,
 )
+from services.common.readiness import READY_FILE_ENV, is_ready
 from services.exits.initial import initial_ramps
 from services.launcher import metrics_ports
 from services.launcher.nats_auth import authorization_block, ensure_logins
@@ -56,6 +57,7 @@ class Child:
     restarts: int = 0
     log_file: Path | None = None
     metrics_port: int | None = None  # kept across restarts: the scrape target stays put
+    ready_file: Path | None = None    # the child writes its pid here once it serves
 
 
 @dataclass
@@ -247,8 +249,12 @@ class Supervisor:
         if self.log_dir is not None:
             child.log_file = self.log_dir / f"{child.name}.log"
             out = open(child.log_file, "ab")  # noqa: SIM115 - owned by the child
-        env = self.env if child.metrics_port is None else {
-            **self.env, "OFFRAMP_METRICS_PORT": str(child.metrics_port)}
+        child.ready_file = self.cfg.home / "ready" / child.name
+        child.ready_file.parent.mkdir(parents=True, exist_ok=True)
+        child.ready_file.unlink(missing_ok=True)
+        env = {**self.env, READY_FILE_ENV: str(child.ready_file)}
+        if child.metrics_port is not None:
+            env["OFFRAMP_METRICS_PORT"] = str(child.metrics_port)
         child.proc = subprocess.Popen(child.argv, env=env, stdout=out, stderr=out,
                                       stdin=subprocess.DEVNULL, start_new_session=True)
         child.started = time.monotonic()
@@ -305,8 +311,15 @@ class Supervisor:
         log.warning("embedded nats-server restarted (restart #%d, pid %s)", self.nats_restarts,
                     self.nats.proc.pid)
 
+    def not_ready(self) -> list[str]:
+        """Children that have not said they serve (``services.common.readiness``)."""
+        return [c.name for c in self.children
+                if c.proc is None or c.ready_file is None or not is_ready(c.ready_file, c.proc.pid)]
+
     def wait_ready(self, timeout: float = 120.0) -> None:
-        """Block until every served model reports ready (all stages have a live worker)."""
+        """Block until every served model reports ready (all stages have a live worker) and
+        every service started here has subscribed (a controller that subscribes late misses
+        the telemetry of the first requests)."""
         deadline = time.monotonic() + timeout
 
         async def check() -> bool:
@@ -317,7 +330,7 @@ class Supervisor:
                     self.poll()
                     with contextlib.suppress(Exception):  # the router is still starting
                         ms = await list_models(nc, timeout=1.0)
-                        if ms and all(m["ready"] for m in ms):
+                        if ms and all(m["ready"] for m in ms) and not self.not_ready():
                             return True
                     await asyncio.sleep(0.2)
                 return False
@@ -327,7 +340,8 @@ class Supervisor:
         if not asyncio.run(check()):
             dead = [c.name for c in self.children if c.proc is None]
             hint = f" (logs in {self.log_dir})" if self.log_dir else ""
-            raise RuntimeError(f"services not ready within {timeout:.0f}s; not running: {dead}{hint}")
+            raise RuntimeError(f"services not ready within {timeout:.0f}s; not running: {dead}; "
+                               f"not ready: {self.not_ready()}{hint}")
 
     def stop(self) -> None:
         for child in self.children:

@@ -30,6 +30,7 @@ from schemas.messages import decode_map
 from schemas.telemetry import RequestTelemetry, SampleTelemetry
 from services.common import bus, gc_pauses, logs, metrics
 from services.common.config import Config
+from services.common.readiness import mark_ready
 from services.common.stats import wilson_interval
 from services.monitor.profile_windows import ProfileWindow, SampleBatch, WindowTracker, utc_datetime
 from services.store.repository import Store
@@ -205,6 +206,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     await nc.subscribe(subjects.STATUS_MONITOR, cb=monitor.on_status)
     gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("monitor ready %s", logs.kv(window=cfg.monitor_window))
+    mark_ready()
     while not stop.is_set():
         failed = False
         try:

@@ -26,6 +26,7 @@ from schemas.helios import BreachAlert, HeliosChoice
 from schemas.messages import decode_map
 from services.common import bus, gc_pauses, logs
 from services.common.config import Config
+from services.common.readiness import mark_ready
 from services.optimizer.helios import (
     Candidate,
     PhtRow,
@@ -179,6 +180,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("helios ready %s", logs.kv(models=",".join(models), ri=cfg.helios_ri,
                                         eval_prompts=cfg.helios_eval_prompts))
+    mark_ready()
     try:
         while not stop.is_set():
             await helios.tick(models)

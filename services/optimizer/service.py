@@ -23,6 +23,7 @@ from schemas.messages import decode_map
 from schemas.plans import Plan
 from services.common import bus, gc_pauses, logs
 from services.common.config import Config
+from services.common.readiness import mark_ready
 from services.optimizer import plan_inputs as pi
 from services.optimizer.replan import Basis, replan_reason, request_rate
 from services.optimizer.splits import plan as make_plan
@@ -220,6 +221,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     log.info("optimizer ready %s", logs.kv(models=",".join(cfg.models),
                                            interval_s=cfg.plan_interval_s,
                                            window_s=cfg.profile_window_s))
+    mark_ready()
     try:
         while not stop.is_set():
             planned = await optimizer.tick()

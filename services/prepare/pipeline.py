@@ -143,11 +143,12 @@ def check_no_bootstrap(bootstrap_n: int | None, ramp_targets: str | None) -> Non
 
 
 def _source(target: str, data: Path | None, name: str | None, mask_input: str | None,
-            ramp_targets: str | None, choice: SiteChoice, bootstrap: bool = True
-            ) -> ModelSource:
+            ramp_targets: str | None, choice: SiteChoice, bootstrap: bool = True,
+            build: bool = True) -> ModelSource:
     """The model to prepare with the user's choices applied; every choice is part of the
-    recipe, so another choice rebuilds. SourceError says what is wrong with the input."""
-    src = resolve(target, data, name, bootstrap)
+    recipe, so another choice rebuilds. SourceError says what is wrong with the input.
+    ``build=False``: a zoo model without its model, enough to check for a reusable copy."""
+    src = resolve(target, data, name, bootstrap, build)
     if mask_input is not None:
         src = with_mask_input(src, mask_input)
     if ramp_targets is not None:
@@ -188,7 +189,7 @@ def prepare(
     models_dir = Path(models_dir)
     if not bootstrap:
         check_no_bootstrap(bootstrap_n, ramp_targets)
-    src = _source(target, data, name, mask_input, ramp_targets, choice, bootstrap)
+    src = _source(target, data, name, mask_input, ramp_targets, choice, bootstrap, build=False)
     models_dir.mkdir(parents=True, exist_ok=True)
     target_dir = models_dir / src.name
     with _locked(models_dir / f".{src.name}.lock"):
@@ -199,6 +200,8 @@ def prepare(
                 log(f"reusing {src.name} {m.version} at {target_dir}")
                 return target_dir
             log(f"{src.name} at {target_dir} was prepared by another recipe; rebuilding")
+        if src.model is None:  # a zoo model is built only when no copy can be reused
+            src = _source(target, data, name, mask_input, ramp_targets, choice, bootstrap)
         # Holding the lock, any temp folder left is from an interrupted run.
         for stale in models_dir.glob(f".{src.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)

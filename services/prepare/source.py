@@ -37,7 +37,7 @@ class ModelSource:
     name: str
     kind: str
     description: str
-    model: onnx.ModelProto
+    model: onnx.ModelProto | None  # None: a zoo model not built yet (from_zoo(build=False))
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     classes: int
@@ -148,18 +148,24 @@ def _digest(*parts: bytes) -> str:
 # ------------------------------------------------------------------ sources
 
 
-def from_zoo(name: str) -> ModelSource:
-    from services.prepare.export import count_params, to_onnx  # torch: only when exporting
-
+def from_zoo(name: str, build: bool = True) -> ModelSource:
+    """A zoo model's source; ``build=False`` leaves the model out (``model`` None): all a
+    check whether an intact copy can be reused needs, without building and exporting it
+    (seconds for EfficientNet, the topic head's training on a new home for MiniLM)."""
     spec = get_spec(name)
-    built = spec.build()
-    names = [t.name for t in spec.inputs]
-    data = to_onnx(built.full, tuple(built.example[k] for k in names), names, ["logits"])
+    model, params = None, 0
+    if build:
+        from services.prepare.export import count_params, to_onnx  # torch: only when exporting
+
+        built = spec.build()
+        names = [t.name for t in spec.inputs]
+        data = to_onnx(built.full, tuple(built.example[k] for k in names), names, ["logits"])
+        model, params = onnx.load_from_string(data), count_params([built.full])
     return ModelSource(
         name=spec.name, kind=spec.kind, description=spec.description,
-        model=onnx.load_from_string(data), inputs=list(spec.inputs),
+        model=model, inputs=list(spec.inputs),
         outputs=list(spec.outputs), classes=spec.classes,
-        base_params=count_params([built.full]), bootstrap=spec.bootstrap,
+        base_params=params, bootstrap=spec.bootstrap,
         bootstrap_n=spec.bootstrap_n, sample=spec.sample_inputs, pool=spec.pool,
         ramp_steps=spec.ramp_steps, ramp_targets=spec.ramp_targets, max_ramps=spec.max_ramps,
         recipe=spec.recipe, mask_input=spec.mask_input)
@@ -319,9 +325,10 @@ def check_name(name: str, target: str) -> None:
 
 
 def resolve(target: str, data: Path | None = None, name: str | None = None,
-            bootstrap: bool = True) -> ModelSource:
+            bootstrap: bool = True, build: bool = True) -> ModelSource:
     """A zoo name, or a path to an ``.onnx`` file / torch model file / HF folder, served as
-    ``name`` when given. ``bootstrap``: ``data`` must hold enough inputs to train ramps."""
+    ``name`` when given. ``bootstrap``: ``data`` must hold enough inputs to train ramps.
+    ``build=False``: a zoo model comes without its model (``from_zoo``)."""
     if name is not None:
         check_name(name, target)
     path = Path(target)
@@ -331,5 +338,5 @@ def resolve(target: str, data: Path | None = None, name: str | None = None,
         return from_torch_path(path, data, name, bootstrap)
     if target.endswith((".onnx", ".pt", ".pth")) or "/" in target:
         raise SourceError(f"{target} does not exist")
-    src = from_zoo(target)
+    src = from_zoo(target, build)
     return replace(src, name=name) if name else src

@@ -35,6 +35,7 @@ from threadpoolctl import threadpool_limits
 
 from services.common import gc_pauses, logs, metrics
 from services.common.config import Config
+from services.common.readiness import mark_ready
 from services.profiler.batch_profile import window_start
 from services.profiler.cap_profiles import CapProfiler
 from services.profiler.latency import BATCH_SIZES, from_manifest, measure
@@ -346,6 +347,7 @@ async def serve_profiler(cfg: Config, stop: asyncio.Event, poll_s: float = POLL_
     gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("profiler ready %s", logs.kv(device=profiler.device, poll_s=poll_s,
                                            window_s=cfg.profile_window_s))
+    mark_ready()
     try:
         while not stop.is_set():
             task = asyncio.ensure_future(profiler.poll())

@@ -37,6 +37,7 @@ from schemas.telemetry import OK, RequestRecord
 from services.common import bus, gc_pauses, logs, metrics
 from services.common.config import Config
 from services.common.hotpath import publish_now, subscribe_direct
+from services.common.readiness import mark_ready
 from services.common.service_loop import supervise
 from services.router import admission, retry_hint
 from services.router.edf_queue import EDFQueue, Pending, QueueFull
@@ -625,6 +626,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
                   router.tasks, log)
     gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("router ready %s", logs.kv(id=router.id, models=",".join(router.models)))
+    mark_ready()
     await stop.wait()
     # Answer everything still pending so no client waits for a reply that never comes.
     for entry in list(router.pending.values()):

@@ -46,6 +46,7 @@ from schemas.telemetry import RampFeatures, SampleTelemetry
 from services.common import bus, gc_pauses, logs, metrics
 from services.common.background import run_low
 from services.common.config import Config
+from services.common.readiness import mark_ready
 from services.common.service_loop import spawn
 from services.exits.exit_window import ExitWindow
 from services.exits.latency_profile import LatencyProfile
@@ -474,6 +475,7 @@ async def serve(cfg: Config, stop: asyncio.Event) -> None:
     log.info("tuner ready %s", logs.kv(models=",".join(tuner.models),
                                         constraint=cfg.accuracy_loss,
                                         climb=climb_native.engine(cfg.tuner_native)))
+    mark_ready()
     if climb_native.failure():
         log.warning("%s: the tuner climbs in Python (same decisions, slower)",
                     climb_native.failure())

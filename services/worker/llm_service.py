@@ -45,6 +45,7 @@ from schemas.telemetry import OK, RequestRecord, RequestTelemetry
 from services.common import bus, gc_pauses, logs
 from services.common.config import Config
 from services.common.hotpath import publish_all, subscribe_direct
+from services.common.readiness import mark_ready
 from services.common.service_loop import supervise
 from services.runtime.llm_decoder import LlmDecoder, Sequence, StepResult
 from services.runtime.llm_layers import LayerLoader, Move
@@ -557,6 +558,7 @@ async def serve_llm(cfg: Config, stop: asyncio.Event, model: str) -> None:
                                            depth=worker.decoder.depth,
                                            heads=",".join(map(str, worker.thresholds)) or "none",
                                            threshold=cfg.llm_threshold))
+    mark_ready()
     await stop.wait()
     runner.cancel()
     worker.shut()

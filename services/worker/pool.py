@@ -26,6 +26,7 @@ from schemas.messages import decode_map
 from schemas.plans import Plan, StageRole
 from services.common import bus, gc_pauses, logs
 from services.common.config import Config
+from services.common.readiness import mark_ready
 from services.common.service_loop import spawn
 from services.runtime.devices import device_class
 from services.worker.service import STORE_HEARTBEAT_S, Role, StagePlan, finish_role, start_role
@@ -138,6 +139,7 @@ async def serve_pool(cfg: Config, stop: asyncio.Event) -> None:
     gc_pauses.settle(cfg.gc_freeze)  # the startup heap: out of every later collection
     log.info("pool worker ready %s", logs.kv(id=pool.id, device=pool.device,
                                              models=",".join(cfg.models)))
+    mark_ready()
     await stop.wait()
     await pool.stop()
     await announce

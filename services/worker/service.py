@@ -42,6 +42,7 @@ from services.common import bus, gc_pauses, logs, metrics
 from services.common.background import run_low
 from services.common.config import Config
 from services.common.hotpath import flush_now, publish_all, subscribe_direct
+from services.common.readiness import mark_ready
 from services.common.service_loop import spawn, supervise
 from services.exits.decide import ramp_outcome
 from services.exits.exit_guard import ALERT_BACKOFF, ExitGuard
@@ -799,6 +800,7 @@ async def start_role(nc: Client, cfg: Config, store, log, plan: StagePlan,
                                        providers=",".join(runtime.providers),
                                        ort_spin="on" if spin else "off",
                                        config_version=worker.config.version))
+    mark_ready()
     return Role(worker, subs, runner, stop)
 
 

@@ -1,12 +1,14 @@
 """prepare(): layout, idempotence, recovery and errors (tiny)."""
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from services.prepare.pipeline import prepare, sample_inputs
 from services.runtime.manifest import Manifest
+from services.zoo.registry import ZOO
 
 
 def quiet(_msg: str) -> None:
@@ -53,11 +55,14 @@ def test_layout_follows_manifest(tiny_models):
     assert not list(tiny_models.glob(".tiny.tmp-*"))  # temp folder is gone
 
 
-def test_second_call_reuses(tiny_models):
+def test_second_call_reuses(tiny_models, monkeypatch):
     d = tiny_models / "tiny"
     before = Manifest.load(d).version
     mtimes = {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
     logs: list[str] = []
+    # reusing never builds the model (MiniLM's build trains its topic head on a new home)
+    monkeypatch.setitem(ZOO._built, "tiny", replace(
+        ZOO["tiny"], build=lambda: pytest.fail("a reusable copy was built again")))
     assert prepare("tiny", tiny_models, log=logs.append, progress=quiet) == d
     assert any(line.startswith("reusing tiny") and before in line for line in logs)
     assert Manifest.load(d).version == before

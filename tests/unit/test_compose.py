@@ -17,6 +17,7 @@ import yaml
 
 from services.cli.main import build_parser
 from services.common import config as config_mod
+from services.common.readiness import READY_FILE_ENV
 from services.zoo.registry import ZOO
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,6 +119,17 @@ def test_long_running_services_wait_for_nats_and_migrations(services, name):
     deps = svc["depends_on"]
     assert deps["nats"]["condition"] == "service_started"
     assert deps["migrate"]["condition"] == "service_completed_successfully"
+
+
+@pytest.mark.parametrize("name", ["router", "monitor", "profiler", "tuner", "optimizer",
+                                  "helios", "worker"])
+def test_long_running_services_are_healthy_once_ready(services, name):
+    """`docker compose ps` says healthy when the service wrote its ready file, on a tmpfs
+    that each container start empties."""
+    svc = services[name]
+    path = svc["environment"][READY_FILE_ENV]
+    assert path.startswith(tuple(svc["tmpfs"]))
+    assert path in " ".join(svc["healthcheck"]["test"])
 
 
 def test_migrate_waits_for_healthy_postgres(services):

@@ -1,0 +1,32 @@
+"""A service tells the launcher that started it that it is ready.
+
+`offramp up` must not report ready while a controller is still starting: the tuner and the
+monitor take sample telemetry on plain NATS, so what workers publish before they subscribe
+never reaches them (on a slow machine, a client's whole first burst). The router can say
+when every stage has a worker, not when the controllers listen. So the launcher names a
+file per child in ``OFFRAMP_READY_FILE``, and each service writes it once it has
+subscribed. docker-compose.yml names one per container for its healthcheck; a service
+started by hand without the variable writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+READY_FILE_ENV = "OFFRAMP_READY_FILE"
+
+
+def mark_ready() -> None:
+    """Say this process is ready, if whoever started it asked (``OFFRAMP_READY_FILE``)."""
+    path = os.environ.get(READY_FILE_ENV)
+    if path:
+        Path(path).write_text(f"{os.getpid()}\n")
+
+
+def is_ready(path: Path, pid: int) -> bool:
+    """Whether the process ``pid`` marked ``path`` (an earlier run's file does not count)."""
+    try:
+        return path.read_text().strip() == str(pid)
+    except OSError:
+        return False

@@ -12,6 +12,8 @@ started by hand without the variable writes nothing.
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from pathlib import Path
 
 READY_FILE_ENV = "OFFRAMP_READY_FILE"
@@ -30,3 +32,16 @@ def is_ready(path: Path, pid: int) -> bool:
         return path.read_text().strip() == str(pid)
     except OSError:
         return False
+
+
+def await_ready(path: Path, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Block until ``proc`` (started with ``OFFRAMP_READY_FILE=path``) says it is ready.
+    RuntimeError when it exits first or takes longer than ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not is_ready(path, proc.pid):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with code {proc.returncode} before it "
+                               "was ready")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{proc.args} not ready within {timeout_s:.0f} s")
+        time.sleep(0.05)

@@ -16,6 +16,7 @@ import numpy as np
 
 from services.common import bus
 from services.common.credentials import login_for
+from services.common.readiness import READY_FILE_ENV, await_ready
 from services.common.stats import percentile
 from services.exits.initial import initial_ramps
 from services.launcher.exit_config import set_exit_config
@@ -30,6 +31,8 @@ from services.loadgen.drive import (
     way_back_ms,
 )
 from services.store.repository import Store
+
+TUNER_READY_S = 60.0
 
 
 @contextmanager
@@ -62,12 +65,17 @@ def adaptive_run(cfg, sup: Supervisor, url: str, manifest, inputs: list,
     set_exit_config(cfg, url, model, 0.0, [], ",".join(map(str, active)) or "none",
                     f"{who}: {label}'s initial deployment",
                     [f"{r.index}=0" for r in manifest.ramps])
+    ready = cfg.home / "ready" / f"{who}-tuner"
+    ready.parent.mkdir(parents=True, exist_ok=True)
+    ready.unlink(missing_ok=True)
     tuner = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "tuner"],
-                             env={**sup.env, "OFFRAMP_REFIT": "1" if refit else "0"},
+                             env={**sup.env, "OFFRAMP_REFIT": "1" if refit else "0",
+                                  READY_FILE_ENV: str(ready)},
                              stdout=subprocess.DEVNULL,
                              stderr=open(cfg.home / "logs" / f"{who}-tuner.log", "ab"))  # noqa: SIM115
     try:
-        time.sleep(2.0)  # connected and subscribed before the first request
+        # subscribed before the first request: it takes telemetry on plain NATS
+        await_ready(ready, tuner, TUNER_READY_S)
         summary, outcomes = asyncio.run(stream_live(cfg, url, model, inputs, arrival_s,
                                                     label, concurrency))
     finally:

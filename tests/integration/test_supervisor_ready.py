@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from services.common import config as config_mod
+from services.common.readiness import READY_FILE_ENV, await_ready, is_ready
 from services.launcher.supervisor import Child, Deployment, Supervisor
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,3 +39,18 @@ def test_supervisor_waits_for_the_child_that_has_not_subscribed(tmp_path):
         assert sup.not_ready() == ["monitor"]
     finally:
         sup.stop()
+
+
+def test_await_ready_returns_once_marked_and_raises_when_the_process_dies(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), READY_FILE_ENV: str(tmp_path / "tuner")}
+    serving = "from services.common.readiness import mark_ready; mark_ready(); import time; time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", serving], env=env)
+    try:
+        await_ready(tmp_path / "tuner", proc, 30)
+        assert is_ready(tmp_path / "tuner", proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    crashing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], env=env)
+    with pytest.raises(RuntimeError, match="exited with code 3 before it was ready"):
+        await_ready(tmp_path / "tuner", crashing, 30)

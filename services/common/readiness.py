@@ -1,8 +1,8 @@
 """A service tells the launcher that started it that it is ready.
 
-`offramp up` must not report ready while a controller is still starting: the tuner and the
-monitor take sample telemetry on plain NATS, so what workers publish before they subscribe
-never reaches them (on a slow machine, a client's whole first burst). The router can say
+`offramp up` must not report ready while a controller is still starting: the tuner takes
+sample telemetry on plain NATS, so what workers publish before it subscribes never reaches
+it (on a slow machine, a client's whole first burst). The router can say
 when every stage has a worker, not when the controllers listen. So the launcher names a
 file per child in ``OFFRAMP_READY_FILE``, and each service writes it once it has
 subscribed. docker-compose.yml names one per container for its healthcheck; a service

@@ -2,9 +2,9 @@
 
 `offramp up` must not report ready while a controller is still starting: the tuner takes
 sample telemetry on plain NATS, so what workers publish before it subscribes never reaches
-it (on a slow machine, a client's whole first burst). The router can say
-when every stage has a worker, not when the controllers listen. So the launcher names a
-file per child in ``OFFRAMP_READY_FILE``, and each service writes it once it has
+it (on a slow machine, a client's whole first burst). The router can say when every stage
+has a worker, not when the controllers listen. So the launcher names a file per child in
+``OFFRAMP_READY_FILE`` (:func:`ready_file`), and each service writes it once it has
 subscribed. docker-compose.yml names one per container for its healthcheck; a service
 started by hand without the variable writes nothing.
 """
@@ -17,6 +17,15 @@ import time
 from pathlib import Path
 
 READY_FILE_ENV = "OFFRAMP_READY_FILE"
+
+
+def ready_file(home: Path, name: str) -> Path:
+    """Where the process ``name`` about to start under ``home`` says it is ready; a file an
+    earlier one left is removed."""
+    path = home / "ready" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    return path
 
 
 def mark_ready() -> None:

@@ -27,7 +27,7 @@ from services.common.credentials import (
     server_url_file,
     with_login,
 )
-from services.common.readiness import READY_FILE_ENV, is_ready
+from services.common.readiness import READY_FILE_ENV, is_ready, ready_file
 from services.exits.initial import initial_ramps
 from services.launcher import metrics_ports
 from services.launcher.nats_auth import authorization_block, ensure_logins
@@ -249,9 +249,7 @@ class Supervisor:
         if self.log_dir is not None:
             child.log_file = self.log_dir / f"{child.name}.log"
             out = open(child.log_file, "ab")  # noqa: SIM115 - owned by the child
-        child.ready_file = self.cfg.home / "ready" / child.name
-        child.ready_file.parent.mkdir(parents=True, exist_ok=True)
-        child.ready_file.unlink(missing_ok=True)
+        child.ready_file = ready_file(self.cfg.home, child.name)
         env = {**self.env, READY_FILE_ENV: str(child.ready_file)}
         if child.metrics_port is not None:
             env["OFFRAMP_METRICS_PORT"] = str(child.metrics_port)
@@ -314,7 +312,7 @@ class Supervisor:
     def not_ready(self) -> list[str]:
         """Children that have not said they serve (``services.common.readiness``)."""
         return [c.name for c in self.children
-                if c.proc is None or c.ready_file is None or not is_ready(c.ready_file, c.proc.pid)]
+                if c.proc is None or not is_ready(c.ready_file, c.proc.pid)]
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Block until every served model reports ready (all stages have a live worker) and

@@ -16,7 +16,7 @@ import numpy as np
 
 from services.common import bus
 from services.common.credentials import login_for
-from services.common.readiness import READY_FILE_ENV, await_ready
+from services.common.readiness import READY_FILE_ENV, await_ready, ready_file
 from services.common.stats import percentile
 from services.exits.initial import initial_ramps
 from services.launcher.exit_config import set_exit_config
@@ -65,9 +65,7 @@ def adaptive_run(cfg, sup: Supervisor, url: str, manifest, inputs: list,
     set_exit_config(cfg, url, model, 0.0, [], ",".join(map(str, active)) or "none",
                     f"{who}: {label}'s initial deployment",
                     [f"{r.index}=0" for r in manifest.ramps])
-    ready = cfg.home / "ready" / f"{who}-tuner"
-    ready.parent.mkdir(parents=True, exist_ok=True)
-    ready.unlink(missing_ok=True)
+    ready = ready_file(cfg.home, f"{who}-tuner")
     tuner = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "tuner"],
                              env={**sup.env, "OFFRAMP_REFIT": "1" if refit else "0",
                                   READY_FILE_ENV: str(ready)},

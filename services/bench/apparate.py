@@ -40,6 +40,7 @@ from services.sim.replay import (
 from services.sim.trace import Trace, TraceError
 from services.tuner import climb_native
 from services.tuner.controller import DEFAULT_TUNE_SHARE
+from services.workloads.answer_changes import AnswerChanges, answer_changes
 from services.workloads.arrivals import LIGHT_LOAD, light_load
 
 
@@ -190,6 +191,8 @@ def table(doc: dict[str, Any]) -> str:
                          f"{o['p50_ms'] / v['p50_ms'] - 1:+.1%}, p95 "
                          f"{o['p95_ms'] / v['p95_ms'] - 1:+.1%}, mean "
                          f"{o['mean_ms'] / v['mean_ms'] - 1:+.1%}")
+    if (ch := doc["trace_meta"].get("answer_changes")) is not None:
+        lines.append(f"stream: {AnswerChanges(ch['changes'], ch['pairs']).describe()}")
     if "refit" in doc:
         r = doc["refit"]
         ms = "n/a" if r["refit_ms_p50"] is None else \
@@ -325,7 +328,8 @@ def run(args: argparse.Namespace) -> int:
                          refit=refit_plan(trace, cfg.ramp_feature_rate, cfg.ramp_feature_boost),
                          exit_guard=cfg.exit_guard)  # OFFRAMP_EXIT_GUARD, as live
     meta = {**trace.meta, "n_samples": trace.n_samples, "n_sites": trace.n_sites,
-            "full_ms": float(trace.prefix_ms[-1])}
+            "full_ms": float(trace.prefix_ms[-1]),
+            "answer_changes": answer_changes(trace.final_pred).to_dict()}
     params = {"constraint": args.constraint, "budget": args.budget,
               "decision_delay_ms": delay_ms, "head_delay_ms": head_ms,
               "worker": "single, FIFO, batch size 1",

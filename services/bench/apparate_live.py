@@ -58,6 +58,7 @@ from services.sim.workload_inputs import workload_chunks
 from services.store.repository import Store
 from services.tuner.climb_native import best_climb
 from services.tuner.climb_native import engine as climb_engine
+from services.workloads.answer_changes import AnswerChanges, answer_changes
 from services.workloads.arrivals import light_load, stream_arrivals
 
 
@@ -240,6 +241,7 @@ def report(runs: list[dict[str, dict[str, Any]]], trace, replay: dict,
                          f"{off.extra.get('timing_passes', 1)} identical replays)",
         "replay": {k: v.summary() for k, v in replay.items() if hasattr(v, "summary")},
         "trace_meta": {k: v for k, v in trace.meta.items() if k != "ramp_ids"},
+        "answer_changes": answer_changes(trace.final_pred).to_dict(),
     })
     return doc
 
@@ -321,6 +323,8 @@ def _offramp_rows(doc: dict[str, Any]) -> list[str]:
                  + f"; refit p50 {_ms(doc.get('refit_ms_p50'))} ms, max "
                  f"{_ms(doc.get('refit_ms_max'))} ms per ramp (replay of the same stream)")
     lines.append(f"  oracle: {doc['oracle']['source']}")
+    if (ch := doc.get("answer_changes")) is not None:
+        lines.append(f"  stream: {AnswerChanges(ch['changes'], ch['pairs']).describe()}")
     lines.append(f"  tuning p50 {_ms(doc['tuning_ms_p50'])} ms, ramp adjustment p50 "
                  f"{_ms(doc['adjust_ms_p50'])} ms ({doc.get('climb', 'python')} climb), grid gap "
                  + ("-" if doc["grid_gap"] is None else f"{100 * doc['grid_gap']:+.1f}%")

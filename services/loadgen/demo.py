@@ -18,6 +18,7 @@ from services.launcher.exit_config import set_exit_config
 from services.launcher.supervisor import prepare_state
 from services.loadgen.live import adaptive_run, running_stack, stream_live
 from services.runtime.manifest import Manifest
+from services.workloads.answer_changes import AnswerChanges, answer_changes
 from services.workloads.arrivals import light_load, stream_arrivals
 from services.workloads.frames import image_input, iter_video_frames, parse_scene_frames
 from services.zoo.registry import sample_inputs
@@ -71,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     with running_stack(cfg, args.model, say, features=False) as (_, url):
         set_exit_config(cfg, url, args.model, 0.0, [], "none", "demo: vanilla run (no ramps)")
-        vanilla, _ = asyncio.run(stream_live(cfg, url, args.model, inputs, arrival_s,
-                                             "vanilla", concurrency))
+        vanilla, answered = asyncio.run(stream_live(cfg, url, args.model, inputs, arrival_s,
+                                                    "vanilla", concurrency))
     # The adaptive run starts where a fresh deployment does: evenly spaced ramps within the
     # budget, thresholds 0, prepared heads; the tuner takes it from there on live feedback,
     # refitting ramp heads from the features the workers publish.
@@ -87,8 +88,10 @@ def run(args: argparse.Namespace) -> int:
                "concurrency": concurrency, "arrivals": arrivals,
                "scene_frames": None if scenes is None else f"{scenes[0]}:{scenes[1]}",
                "vanilla": vanilla, "offramp": adaptive,
+               "answer_changes": answer_changes(
+                   [o.label for o in sorted(answered, key=lambda o: o.index) if o.ok]).to_dict(),
                "deployment": deployment}
-    _print_summary(summary)
+    print_summary(summary)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)
@@ -118,7 +121,7 @@ def demo_inputs(cfg, model: str, n: int, scenes: tuple[int, int] | None = None,
     return [{k: v[i] for k, v in batch.items()} for i in range(n)]
 
 
-def _print_summary(s: dict) -> None:
+def print_summary(s: dict) -> None:
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
@@ -157,6 +160,9 @@ def _print_summary(s: dict) -> None:
           "accuracy constraint 1%; latency: at the client, end to end; serving: the router's "
           "record, from receiving a request to learning its answer; the ways in and back: "
           "the client's times against the router's, one clock)")
+    if (ch := s.get("answer_changes")) is not None:
+        print(f"  stream: {AnswerChanges(ch['changes'], ch['pairs']).describe()}, in vanilla's "
+              "answers; a ramp must follow each change to exit within the constraint")
     d = s.get("deployment") or {}
     if d.get("cheapest_ramp_ms") is not None:
         cheapest = d["cheapest_ramp_ms"] / d["full_ms"]

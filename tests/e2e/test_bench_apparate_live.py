@@ -53,6 +53,8 @@ def test_live_bench_runs_every_policy_on_the_same_stream(models_dir, tmp_path):
     assert 0.0 <= doc["static"]["threshold"] <= 1.0
     assert "estimated" in doc["oracle"]["source"] and "replay" in doc["tuning_source"]
     assert "tuning_ms_p50" in doc and "grid_gap" in doc
+    assert doc["answer_changes"]["pairs"] == 119 and 0 <= doc["answer_changes"]["changes"] <= 119
+    assert "stream: the full model's answer changes between consecutive samples" in proc.stdout
     assert "run by run" in proc.stdout and "oracle" in proc.stdout
     svg = (tmp_path / "live.svg").read_text()
     assert svg.startswith("<svg") and "live, the last of 2 runs" in svg and "offramp" in svg

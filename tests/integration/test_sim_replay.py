@@ -17,11 +17,19 @@ def test_bench_apparate_writes_json_and_svg(tmp_path, capsys) -> None:
     assert main(["bench", "apparate", "--trace", str(path), "--json", str(out), "--plot", str(svg),
                           "--grid-rounds", "2"]) == 0
     doc = json.loads(out.read_text())
-    assert doc["mode"] == "replay simulation" and "replay simulation" in capsys.readouterr().out
+    assert doc["mode"] == "replay simulation"
     for name in ("vanilla", "static", "offramp", "hindsight", "oracle"):
         assert {"p25_ms", "p50_ms", "p95_ms", "agreement", "worst_window_agreement"} <= set(
             doc[name])
     assert {"tuning_ms_p50", "adjust_ms_p50", "grid_gap", "machine"} <= set(doc)
+    trace = Trace.load(path)  # the stream's own answers, counted as the table prints them
+    flips = int((trace.final_pred[1:] != trace.final_pred[:-1]).sum())
+    assert doc["trace_meta"]["answer_changes"]["changes"] == flips
+    assert doc["trace_meta"]["answer_changes"]["pairs"] == 299
+    out_text = capsys.readouterr().out
+    assert "replay simulation" in out_text
+    assert f"stream: the full model's answer changes between consecutive samples {flips} " \
+        "times in 299" in out_text
     assert ET.parse(svg).getroot().tag.endswith("svg")
     assert main(["bench", "apparate", "--trace", str(tmp_path / "nope.npz"), "--json", str(out)]) == 2
     assert doc["feedback_backlog"] == 8 and doc["timing_passes"] == 3

@@ -192,7 +192,7 @@ def table(doc: dict[str, Any]) -> str:
                          f"{o['p95_ms'] / v['p95_ms'] - 1:+.1%}, mean "
                          f"{o['mean_ms'] / v['mean_ms'] - 1:+.1%}")
     if (ch := doc["trace_meta"].get("answer_changes")) is not None:
-        lines.append(f"stream: {AnswerChanges(ch['changes'], ch['pairs']).describe()}")
+        lines.append(f"stream: {AnswerChanges.from_dict(ch).describe()}")
     if "refit" in doc:
         r = doc["refit"]
         ms = "n/a" if r["refit_ms_p50"] is None else \

@@ -324,7 +324,7 @@ def _offramp_rows(doc: dict[str, Any]) -> list[str]:
                  f"{_ms(doc.get('refit_ms_max'))} ms per ramp (replay of the same stream)")
     lines.append(f"  oracle: {doc['oracle']['source']}")
     if (ch := doc.get("answer_changes")) is not None:
-        lines.append(f"  stream: {AnswerChanges(ch['changes'], ch['pairs']).describe()}")
+        lines.append(f"  stream: {AnswerChanges.from_dict(ch).describe()}")
     lines.append(f"  tuning p50 {_ms(doc['tuning_ms_p50'])} ms, ramp adjustment p50 "
                  f"{_ms(doc['adjust_ms_p50'])} ms ({doc.get('climb', 'python')} climb), grid gap "
                  + ("-" if doc["grid_gap"] is None else f"{100 * doc['grid_gap']:+.1f}%")

@@ -161,7 +161,7 @@ def print_summary(s: dict) -> None:
           "record, from receiving a request to learning its answer; the ways in and back: "
           "the client's times against the router's, one clock)")
     if (ch := s.get("answer_changes")) is not None:
-        print(f"  stream: {AnswerChanges(ch['changes'], ch['pairs']).describe()}, in vanilla's "
+        print(f"  stream: {AnswerChanges.from_dict(ch).describe()}, in vanilla's "
               "answers; a ramp must follow each change to exit within the constraint")
     d = s.get("deployment") or {}
     if d.get("cheapest_ramp_ms") is not None:

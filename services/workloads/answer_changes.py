@@ -33,6 +33,10 @@ class AnswerChanges:
     def to_dict(self) -> dict[str, float | int]:
         return {"changes": self.changes, "pairs": self.pairs, "share": self.share}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> AnswerChanges:
+        return cls(int(d["changes"]), int(d["pairs"]))
+
 
 def answer_changes(answers: Sequence[int] | np.ndarray) -> AnswerChanges:
     """Count the consecutive pairs of ``answers`` (the full model's top-1 per sample, in

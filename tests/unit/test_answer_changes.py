@@ -15,6 +15,7 @@ def test_counts_consecutive_pairs_that_differ():
     assert (ch.changes, ch.pairs) == (3, 8)
     assert ch.share == pytest.approx(3 / 8)
     assert ch.to_dict() == {"changes": 3, "pairs": 8, "share": 3 / 8}
+    assert AnswerChanges.from_dict(ch.to_dict()) == ch  # as a JSON document holds it
     assert "3 times in 8 (37.5%, once every 2.7)" in ch.describe()
 
 

@@ -191,7 +191,7 @@ def table(doc: dict[str, Any]) -> str:
                          f"{o['p50_ms'] / v['p50_ms'] - 1:+.1%}, p95 "
                          f"{o['p95_ms'] / v['p95_ms'] - 1:+.1%}, mean "
                          f"{o['mean_ms'] / v['mean_ms'] - 1:+.1%}")
-    if (ch := doc["trace_meta"].get("answer_changes")) is not None:
+    if (ch := doc.get("answer_changes")) is not None:
         lines.append(f"stream: {AnswerChanges.from_dict(ch).describe()}")
     if "refit" in doc:
         r = doc["refit"]
@@ -328,14 +328,14 @@ def run(args: argparse.Namespace) -> int:
                          refit=refit_plan(trace, cfg.ramp_feature_rate, cfg.ramp_feature_boost),
                          exit_guard=cfg.exit_guard)  # OFFRAMP_EXIT_GUARD, as live
     meta = {**trace.meta, "n_samples": trace.n_samples, "n_sites": trace.n_sites,
-            "full_ms": float(trace.prefix_ms[-1]),
-            "answer_changes": answer_changes(trace.final_pred).to_dict()}
+            "full_ms": float(trace.prefix_ms[-1])}
     params = {"constraint": args.constraint, "budget": args.budget,
               "decision_delay_ms": delay_ms, "head_delay_ms": head_ms,
               "worker": "single, FIFO, batch size 1",
               "feedback_backlog": backlog, "climb": climb_native.engine(native),
               "controller": results["offramp"].extra["params"], "exit_guard": cfg.exit_guard}
     doc = report(results, str(args.trace), meta, args.arrivals or "trace arrival_s", params)
+    doc["answer_changes"] = answer_changes(trace.final_pred).to_dict()  # as the live bench's
     add_views(doc, args, results, trace)
     print(table(doc))
     Path(args.json).write_text(json.dumps(doc, indent=1, default=float) + "\n")

@@ -24,8 +24,8 @@ def test_bench_apparate_writes_json_and_svg(tmp_path, capsys) -> None:
     assert {"tuning_ms_p50", "adjust_ms_p50", "grid_gap", "machine"} <= set(doc)
     trace = Trace.load(path)  # the stream's own answers, counted as the table prints them
     flips = int((trace.final_pred[1:] != trace.final_pred[:-1]).sum())
-    assert doc["trace_meta"]["answer_changes"]["changes"] == flips
-    assert doc["trace_meta"]["answer_changes"]["pairs"] == 299
+    assert doc["answer_changes"]["changes"] == flips
+    assert doc["answer_changes"]["pairs"] == 299
     out_text = capsys.readouterr().out
     assert "replay simulation" in out_text
     assert f"stream: the full model's answer changes between consecutive samples {flips} " \

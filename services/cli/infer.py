@@ -5,8 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from pathlib import Path
+
+import numpy as np
 
 from services.common import config as config_mod
+from services.runtime.input_files import InputFileError, read_arrays
+from services.runtime.manifest import Manifest, ModelNotPrepared
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,20 +25,56 @@ def register(sub: argparse._SubParsersAction) -> None:
     inf.set_defaults(fn=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    import numpy as np
+def _file_sample(models_dir: Path, model: str, path: Path, input_name: str | None
+                 ) -> dict[str, np.ndarray]:
+    """One sample from ``--input``: an .npz's arrays by name, or an .npy's one array as
+    ``input_name`` (default: the model's first input, when it is prepared here)."""
+    arrays = read_arrays(path, input_name or "")
+    if "" not in arrays:  # named: an .npz, or --input-name
+        return arrays
+    try:
+        input_name = Manifest.load(models_dir / model).inputs[0].name
+    except ModelNotPrepared:
+        raise InputFileError(f"{model} is not prepared under {models_dir}, so its input's "
+                             "name is unknown here: pass --input-name NAME") from None
+    return {input_name: arrays[""]}
 
+
+def built_in_sample(models_dir: Path, model: str, seed: int) -> dict[str, np.ndarray]:
+    """A zoo model's own sample input; for another model prepared here (a supernet, a
+    ``--name`` copy, a user's model) a frame or text of the bench workloads, if its
+    inputs take one."""
+    from services.zoo.registry import ZOO, sample_inputs
+
+    if model in ZOO:
+        return {k: v[0] for k, v in sample_inputs(model, 1, seed=seed).items()}
+    from services.sim.workload_inputs import workload_chunks
+
+    try:
+        manifest = Manifest.load(models_dir / model)
+    except ModelNotPrepared:
+        raise InputFileError(f"{model} is neither a zoo model ({', '.join(sorted(ZOO))}) nor "
+                             f"prepared under {models_dir}, so there is no sample input for "
+                             "it: pass --input FILE (.npy: one sample)") from None
+    for workload in ("video", "text"):
+        try:
+            chunks, _ = workload_chunks(manifest, workload, 1, seed, None)
+            return {k: v[0] for k, v in next(chunks).items()}
+        except ValueError:  # its inputs are not this workload's
+            continue
+    specs = ", ".join(f"{t.name} {t.shape} {t.dtype}" for t in manifest.inputs)
+    raise InputFileError(f"no built-in sample fits {model}'s inputs ({specs}): pass --input "
+                         "FILE (.npy: one sample; .npz: one array per input name)")
+
+
+def run(args: argparse.Namespace) -> int:
     from services.common import bus
     from services.common.client import InferError, infer
 
     cfg = config_mod.load()
     labels: list[str] | None = None
     if args.input:
-        arr = np.load(args.input)
-        inputs = dict(arr) if hasattr(arr, "files") else {args.input_name or "x": arr}
-        if args.input_name is None and not hasattr(arr, "files"):
-            from services.runtime.manifest import Manifest
-            inputs = {Manifest.load(cfg.models_dir / args.model).inputs[0].name: arr}
+        inputs = _file_sample(cfg.models_dir, args.model, Path(args.input), args.input_name)
     elif args.text is not None:
         if args.model != "minilm-topics":
             raise SystemExit("--text needs a text model (minilm-topics)")
@@ -41,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
         inputs = {k: v[0] for k, v in encode_texts([args.text]).items()}
         labels = list(CATEGORIES)
     else:
-        from services.zoo.registry import sample_inputs
-        inputs = {k: v[0] for k, v in sample_inputs(args.model, 1, seed=args.seed).items()}
+        inputs = built_in_sample(cfg.models_dir, args.model, args.seed)
 
     async def run() -> int:
         nc = await bus.connect_as(cfg, "client", "offramp-cli")

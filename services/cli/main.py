@@ -28,6 +28,8 @@ from services.common import config as config_mod
 from services.common.bus import AuthorizationError
 from services.common.credentials import CredentialsError
 from services.common.memory import keep_large_buffers
+from services.runtime.input_files import InputFileError
+from services.runtime.manifest import ModelNotPrepared
 
 COMMANDS = (up, serve, prepare, infer, generate, status, demo, bench, trace, db, exit_config,
             credentials)
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
         return int(args.fn(args) or 0)
-    except config_mod.ConfigError as exc:
+    except (config_mod.ConfigError, ModelNotPrepared, InputFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (AuthorizationError, CredentialsError) as exc:

@@ -51,22 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rec.add_argument("--quiet", action="store_true", help="no progress output")
 
 
-def _file_inputs(path: Path, input_names: list[str], chunk: int
+def _file_inputs(path: Path, inputs: list, chunk: int
                  ) -> tuple[int, Iterator[dict[str, np.ndarray]]]:
-    data = np.load(path, allow_pickle=False)
-    if hasattr(data, "files"):
-        arrays = {k: data[k] for k in data.files}
-        missing = [k for k in input_names if k not in arrays]
-        if missing:
-            raise ValueError(f"{path} lacks model inputs {missing} (has {list(arrays)})")
-        arrays = {k: arrays[k] for k in input_names}
-    else:
-        if len(input_names) != 1:
-            raise ValueError(f"the model takes {input_names}: give an .npz with those arrays")
-        arrays = {input_names[0]: data}
+    from services.runtime.input_files import read_inputs
+
+    arrays = read_inputs(path, inputs)
     n = len(next(iter(arrays.values())))
-    if any(len(a) != n for a in arrays.values()):
-        raise ValueError(f"{path}: every input array needs the same number of samples")
 
     def chunks() -> Iterator[dict[str, np.ndarray]]:
         for s in range(0, n, chunk):
@@ -84,16 +74,11 @@ def run(args: argparse.Namespace) -> int:
 
     models_dir = Path(args.models_dir) if args.models_dir else config_mod.load().models_dir
     model_dir = models_dir / args.model
-    if not (model_dir / "manifest.json").is_file():
-        print(f"error: {args.model} is not prepared under {models_dir} "
-              f"(run `offramp prepare {args.model}`)", file=sys.stderr)
-        return 2
-    manifest = Manifest.load(model_dir)
-    names = [t.name for t in manifest.inputs]
+    manifest = Manifest.load(model_dir)  # ModelNotPrepared names the fix
     meta: dict[str, object] = {"seed": args.seed}
     try:
         if args.inputs:
-            n, chunks = _file_inputs(Path(args.inputs), names, CHUNK)
+            n, chunks = _file_inputs(Path(args.inputs), manifest.inputs, CHUNK)
             meta["workload"] = f"file:{args.inputs}"
         else:
             if args.n <= 0:

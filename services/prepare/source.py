@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from services.runtime.input_files import InputFileError, read_arrays, read_inputs
 from services.runtime.manifest import TensorSpec
 from services.zoo.registry import ZOO, get_spec
 
@@ -90,35 +91,10 @@ def classes_of(outputs: list[TensorSpec]) -> int:
 
 def load_data(path: Path, inputs: list[TensorSpec]) -> dict[str, np.ndarray]:
     """Bootstrap inputs from ``.npz`` (one array per input name) or ``.npy`` (one input)."""
-    path = Path(path)
-    if not path.is_file():
-        raise SourceError(f"data file {path} does not exist")
-    names = [t.name for t in inputs]
-    if path.suffix == ".npy":
-        if len(names) != 1:
-            raise SourceError(f"{path.name} holds one array but the model takes {names}: "
-                              "use an .npz with one array per input name")
-        arrays = {names[0]: np.load(path, allow_pickle=False)}
-    else:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-        missing = [n for n in names if n not in arrays]
-        if missing:
-            raise SourceError(f"{path.name} lacks arrays for inputs {missing}; it has "
-                              f"{sorted(arrays)} (one array per model input name)")
-        arrays = {n: arrays[n] for n in names}
-    counts = {len(a) if a.ndim else 0 for a in arrays.values()}
-    if len(counts) != 1 or 0 in counts:
-        raise SourceError(f"{path.name}: every array needs the same number of samples on "
-                          f"axis 0, got {({k: a.shape for k, a in arrays.items()})}")
-    for t in inputs:
-        a = arrays[t.name]
-        fixed = [(d, s) for d, s in zip(t.shape, a.shape[1:], strict=False) if d != -1 and d != s]
-        if a.ndim - 1 != len(t.shape) or fixed:
-            raise SourceError(f"{path.name}: {t.name!r} has per-sample shape {list(a.shape[1:])}, "
-                              f"the model wants {t.shape} (-1 = any)")
-        arrays[t.name] = a.astype(np.dtype(t.dtype), copy=False)
-    return arrays
+    try:
+        return read_inputs(path, inputs)
+    except InputFileError as exc:
+        raise SourceError(str(exc)) from None
 
 
 def _data_fns(arrays: dict[str, np.ndarray]):
@@ -215,13 +191,10 @@ def from_torch_path(path: Path, data: Path | None, name: str | None = None,
 
 
 def _read_any(data: Path) -> dict[str, np.ndarray]:
-    data = Path(data)
-    if not data.is_file():
-        raise SourceError(f"data file {data} does not exist")
-    if data.suffix == ".npy":
-        return {"input": np.load(data, allow_pickle=False)}
-    with np.load(data, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+    try:
+        return read_arrays(data, "input")
+    except InputFileError as exc:
+        raise SourceError(str(exc)) from None
 
 
 def _hf_module(folder: Path, names: list[str]):

@@ -12,12 +12,11 @@ prepared copy is reused while it matches and its heads file is intact.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from services.runtime.manifest import MANIFEST_FILE, sha256_file, write_manifest
+from services.runtime.manifest import read_manifest, sha256_file, write_manifest
 
 KIND = "llm"
 
@@ -75,8 +74,7 @@ class LlmManifest:
 
     @classmethod
     def load(cls, model_dir: Path) -> LlmManifest:
-        with open(Path(model_dir) / MANIFEST_FILE, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+        return cls.from_dict(read_manifest(model_dir))
 
     def save(self, model_dir: Path) -> Path:
         return write_manifest(model_dir, self.to_dict())

@@ -30,6 +30,22 @@ def manifest_kind(model_dir: Path) -> str | None:
     return str(json.loads(path.read_text(encoding="utf-8")).get("kind") or "")
 
 
+class ModelNotPrepared(FileNotFoundError):
+    """No manifest where a prepared model should be; the message names the fix."""
+
+
+def read_manifest(model_dir: Path) -> dict[str, Any]:
+    """The manifest document of the model prepared at ``model_dir``."""
+    path = Path(model_dir) / MANIFEST_FILE
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        name = Path(model_dir).name
+        raise ModelNotPrepared(f"{name} is not prepared under {Path(model_dir).parent} "
+                               f"(run `offramp prepare {name}`)") from None
+
+
 def write_manifest(model_dir: Path, doc: dict[str, Any]) -> Path:
     """Write a manifest atomically and durably: readers see the old one or the new one,
     never half, and a crash right after leaves the new one on disk."""
@@ -204,8 +220,7 @@ class Manifest:
 
     @classmethod
     def load(cls, model_dir: Path) -> Manifest:
-        with open(Path(model_dir) / MANIFEST_FILE, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+        return cls.from_dict(read_manifest(model_dir))
 
     def save(self, model_dir: Path) -> Path:
         return write_manifest(model_dir, self.to_dict())

@@ -74,3 +74,19 @@ def test_features_reproduce_every_ramps_answers(zoo_dir, tmp_path, model) -> Non
     assert back.meta["head_pools"][0] in ("gap", "masked_mean")
     # what publishing them costs a run, timed while recording, for the replay to charge
     assert isinstance(back.meta["feature_share"], float) and back.meta["feature_share"] >= 0
+
+
+def test_trace_record_reads_a_users_inputs_file(models_dir, tmp_path, capsys) -> None:
+    from services.cli.main import main
+
+    x = sample_inputs("tiny", 40, seed=5)["x"].astype(np.float64)  # cast to the model's dtype
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "t.npz"
+    assert main(["trace", "record", "--model", "tiny", "--models-dir", str(models_dir),
+                 "--inputs", str(tmp_path / "x.npy"), "--out", str(out), "--quiet"]) == 0
+    tr = Trace.load(out)
+    assert tr.n_samples == 40 and tr.meta["workload"] == f"file:{tmp_path / 'x.npy'}"
+    np.save(tmp_path / "bad.npy", x[:, :5])
+    assert main(["trace", "record", "--model", "tiny", "--models-dir", str(models_dir),
+                 "--inputs", str(tmp_path / "bad.npy"), "--out", str(out), "--quiet"]) == 2
+    assert "per-sample shape [5], the model wants [16]" in capsys.readouterr().err

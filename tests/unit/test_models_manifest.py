@@ -4,7 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from services.runtime.manifest import BlockSpec, Manifest, RampSpec, TensorSpec, sha256_bytes
+from services.runtime.llm_manifest import LlmManifest
+from services.runtime.manifest import (
+    BlockSpec,
+    Manifest,
+    ModelNotPrepared,
+    RampSpec,
+    TensorSpec,
+    sha256_bytes,
+)
 
 
 def make(tmp_path: Path) -> Manifest:
@@ -82,3 +90,11 @@ def test_verify_reports_damage(tmp_path):
     assert any("missing ramp_2" in p for p in problems)
     m.version = "other"
     assert any("version" in p for p in m.verify(tmp_path))
+
+
+def test_a_model_not_prepared_names_the_fix(tmp_path):
+    with pytest.raises(ModelNotPrepared, match=r"nosuch is not prepared under .*"
+                                               r"\(run `offramp prepare nosuch`\)"):
+        Manifest.load(tmp_path / "nosuch")
+    with pytest.raises(FileNotFoundError):  # what callers catching OSError already expect
+        LlmManifest.load(tmp_path / "nosuch")

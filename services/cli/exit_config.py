@@ -1,5 +1,5 @@
 """``offramp exit-config MODEL``: store a new exit-config version and publish it to the workers
-(pins thresholds and active ramps by hand)."""
+(pins thresholds and active ramps by hand); with no change asked, show the one in force."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from services.common.credentials import server_url
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    ec = sub.add_parser("exit-config", help="store and publish a new exit config version")
+    ec = sub.add_parser("exit-config", help="store and publish a new exit config version "
+                        "(without options: show the one in force)")
     ec.add_argument("model")
     ec.add_argument("--threshold", type=float, help="one threshold for every active ramp")
     ec.add_argument("--set", action="append", default=[], help="RAMP=THRESHOLD")
@@ -29,5 +30,26 @@ def run(args: argparse.Namespace) -> int:
     from services.launcher.exit_config import set_exit_config
 
     cfg = config_mod.load()
+    if args.threshold is None and not args.set and args.active is None and not args.head \
+            and args.mode is None:
+        return show(cfg, args.model)
     return set_exit_config(cfg, server_url(cfg), args.model, args.threshold, args.set,
                            args.active, args.reason, args.head, args.mode)
+
+
+def show(cfg: config_mod.Config, model: str) -> int:
+    """The exit config in force for ``model``, as stored (nothing is written)."""
+    from services.store.repository import Store
+
+    store = Store(cfg.database_url)
+    try:
+        row = store.latest_exit_config(model)
+    finally:
+        store.close()
+    if row is None:
+        print(f"error: {model!r} has no exit config (run `offramp up` or `offramp prepare`)")
+        return 2
+    print(f"exit config v{row.version} for {model} ({row.mode} mode), set "
+          f"{row.created_at:%Y-%m-%d %H:%M:%S} UTC: {row.reason}\n"
+          f"  active={row.active} thresholds={row.thresholds} heads={row.heads or 'prepared'}")
+    return 0

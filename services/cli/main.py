@@ -25,7 +25,7 @@ from services.cli import (
     up,
 )
 from services.common import config as config_mod
-from services.common.bus import AuthorizationError
+from services.common.bus import AuthorizationError, BusUnreachable
 from services.common.credentials import CredentialsError
 from services.common.memory import keep_large_buffers
 from services.runtime.input_files import InputFileError
@@ -55,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (AuthorizationError, CredentialsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except BusUnreachable as exc:
+        print(f"error: {exc}; is the stack up? (`offramp up`, or OFFRAMP_NATS_URL for "
+              "another one)", file=sys.stderr)
         return 1
 
 

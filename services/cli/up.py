@@ -42,8 +42,29 @@ def parse_cuts(values: list[str] | None) -> dict[str, list[int]]:
         model, _, cuts = v.partition("=")
         if not model or not _:
             raise SystemExit(f"--split takes MODEL=CUT[,CUT...], got {v!r}")
-        out[model] = [int(c) for c in cuts.split(",") if c.strip()]
+        try:
+            out[model] = [int(c) for c in cuts.split(",") if c.strip()]
+        except ValueError:
+            raise SystemExit(f"--split takes MODEL=CUT[,CUT...] with block indices as "
+                             f"cuts, got {v!r}") from None
     return out
+
+
+def check_cuts(cuts: dict[str, list[int]], models: tuple[str, ...], models_dir: Path) -> None:
+    """A clear error for ``--split`` cuts no worker could serve (checked once the models are
+    prepared, before any worker starts and fails on them)."""
+    from services.runtime.manifest import Manifest, manifest_kind
+
+    for model, cs in cuts.items():
+        if model not in models:
+            raise SystemExit(f"--split {model}=...: {model} is not served (models: "
+                             f"{', '.join(models)})")
+        if manifest_kind(models_dir / model) == "llm":
+            raise SystemExit(f"--split {model}=...: a generative model is not split")
+        n = len(Manifest.load(models_dir / model).blocks)
+        if len(set(cs)) != len(cs) or any(not 0 < c < n for c in cs):
+            raise SystemExit(f"--split {model}={','.join(map(str, cs))}: cuts must be distinct "
+                             f"block indices from 1 to {n - 1} ({model} has {n} blocks)")
 
 
 def check_plan_options(args: argparse.Namespace, models: tuple[str, ...]) -> int:
@@ -74,13 +95,15 @@ def run(args: argparse.Namespace) -> int:
     if args.routers < 1:
         raise SystemExit("--routers must be at least 1")
     pool = check_plan_options(args, cfg.models)
+    cuts = parse_cuts(args.split)
     prepare_state(cfg, say=lambda m: print(m, file=sys.stderr))
+    check_cuts(cuts, cfg.models, cfg.models_dir)
     if pool:
         from services.store.repository import Store
 
         with Store(cfg.database_url) as store:
             store.ensure_exit_mode(cfg.models[0], "compute", "compute mode: offramp up --plan auto")
-    sup = Supervisor(cfg, Deployment(cfg.models, parse_cuts(args.split), args.replicas,
+    sup = Supervisor(cfg, Deployment(cfg.models, cuts, args.replicas,
                                      args.routers, pool),
                      log_dir=Path(args.log_dir) if args.log_dir else None)
     stop = {"now": False}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from urllib.parse import urlsplit
 
 import nats.aio.client as nats_client_module
@@ -15,6 +16,7 @@ from schemas import subjects
 from schemas.roles import inbox_prefix
 from services.common.config import Config
 from services.common.credentials import Login, login_for, server_url, url_user
+from services.common.logs import Repeats
 
 log = logging.getLogger("offramp.bus")
 
@@ -33,6 +35,10 @@ class AuthorizationError(RuntimeError):
     """The server refused the login: retrying with the same one cannot help."""
 
 
+class BusUnreachable(RuntimeError):
+    """No NATS server answered at the URL within the time given."""
+
+
 async def connect_as(cfg: Config, role: str, name: str, connect_timeout: float = 10.0) -> Client:
     """Connect to ``OFFRAMP_NATS_URL`` as ``role`` (``schemas/roles.py``), with that role's
     credentials when there are any."""
@@ -49,8 +55,12 @@ async def connect(url: str, name: str, connect_timeout: float = 10.0,
     nc = Client()
     refused: asyncio.Future = asyncio.get_running_loop().create_future()
 
+    repeats = Repeats()  # a reconnect loop fails 4 times a second while the server is down
+
     async def error_cb(exc: Exception) -> None:
-        log.warning("nats error client=%s error=%r", name, exc)
+        if repeats.due(repr(exc), time.monotonic()):
+            log.warning("nats error client=%s error=%r suppressed=%d", name, exc,
+                        repeats.take_hidden())
         if "authorization violation" in str(exc).lower() and not refused.done():
             refused.set_result(exc)
 
@@ -84,7 +94,7 @@ async def connect(url: str, name: str, connect_timeout: float = 10.0,
         raise AuthorizationError(
             f"NATS at {_public(url)} refused {who} ({name}): give this role's credentials "
             f"(`offramp credentials ROLE`, OFFRAMP_NATS_CREDENTIALS)")
-    raise RuntimeError(f"cannot reach NATS at {_public(url)} within {connect_timeout:g}s: {why}")
+    raise BusUnreachable(f"cannot reach NATS at {_public(url)} within {connect_timeout:g}s: {why}")
 
 
 def _public(url: str) -> str:

@@ -306,6 +306,10 @@ def resolve(target: str, data: Path | None = None, name: str | None = None,
         check_name(name, target)
     path = Path(target)
     if path.exists():
+        if path.suffix in (".npy", ".npz"):
+            raise SourceError(f"{target} holds arrays, not a model: give an .onnx file, a "
+                              "TorchScript or pickled torch module, or a Hugging Face folder "
+                              "(inputs go in --data)")
         if path.suffix == ".onnx":
             return from_onnx_file(path, data, name, bootstrap)
         return from_torch_path(path, data, name, bootstrap)

@@ -65,3 +65,20 @@ def test_a_prepared_model_outside_the_zoo_gets_a_frame_or_a_clear_refusal(home):
     with pytest.raises(InputFileError, match=r"no built-in sample fits tabular's inputs "
                                              r"\(x \[7\] <f4\): pass --input"):
         built_in_sample(models, "tabular", seed=0)
+
+
+def test_up_refuses_cuts_no_worker_could_serve_before_starting_any(home):
+    from services.cli.up import check_cuts, parse_cuts
+
+    with pytest.raises(SystemExit, match="block indices as cuts, got 'm=abc'"):
+        parse_cuts(["m=abc"])
+    models = home / "models"
+    prepared(models, "m", [TensorSpec("x", "<f4", [7])])  # one block
+    m = Manifest.load(models / "m")
+    m.blocks = [m.blocks[0]] * 4
+    m.save(models / "m")
+    check_cuts(parse_cuts(["m=1,3"]), ("m",), models)  # fine: 1..3 of 4 blocks
+    for split, said in [("m=4", r"from 1 to 3 \(m has 4 blocks\)"), ("m=2,2", "distinct"),
+                        ("m=0", "from 1 to 3"), ("other=1", "other is not served")]:
+        with pytest.raises(SystemExit, match=said):
+            check_cuts(parse_cuts([split]), ("m",), models)

@@ -146,6 +146,8 @@ def test_user_input_errors(resnet_onnx, tmp_path):
         prepare(str(tmp_path / "junk.onnx"), tmp_path, data=tmp_path / "few.npz", log=quiet)
     with pytest.raises(SourceError, match="does not exist"):
         prepare(str(tmp_path / "missing.onnx"), tmp_path, log=quiet)
+    with pytest.raises(SourceError, match="few.npz holds arrays, not a model"):
+        prepare(str(tmp_path / "few.npz"), tmp_path, log=quiet)
     np.savez(tmp_path / "ok.npz", image=_images(300, 0))
     for mask in ("image", "none"):  # an image model's ramps average over space regardless
         with pytest.raises(SourceError, match=r"for text models.*image \[3, 16, 16\]"):

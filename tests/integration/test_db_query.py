@@ -1,0 +1,56 @@
+"""`offramp db query` reads the store on every backend without a database client, and
+writes nothing; `offramp exit-config MODEL` without options shows the config in force."""
+
+import json
+
+import pytest
+
+from services.cli.main import main
+
+
+@pytest.fixture
+def configs(store, url, monkeypatch, tmp_path):
+    monkeypatch.setenv("OFFRAMP_HOME", str(tmp_path))
+    monkeypatch.setenv("OFFRAMP_DATABASE_URL", url)
+    store.save_exit_config("m", {0: 0.1, 1: 0.2}, [0, 1], "latency", "first")
+    store.save_exit_config("m", {0: 0.3, 1: 0.2}, [0], "latency", "second: 10:30, 5% off")
+    return store
+
+
+def query(capsys, *argv):
+    rc = main(["db", "query", *argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_rows_come_back_as_a_table_csv_or_json(configs, capsys):
+    rc, out, _ = query(capsys, "SELECT version, reason FROM exit_configs ORDER BY version")
+    lines = out.splitlines()
+    assert rc == 0 and lines[0].split() == ["version", "reason"] and lines[-1] == "(2 rows)"
+    assert lines[3].startswith("2 ") and lines[3].endswith("second: 10:30, 5% off")
+    rc, out, _ = query(capsys, "SELECT version, mode FROM exit_configs ORDER BY version",
+                       "--format", "csv")
+    assert rc == 0 and out.splitlines() == ["version,mode", "1,latency", "2,latency"]
+    rc, out, _ = query(capsys, "SELECT version, created_at FROM exit_configs", "--format", "json")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert rc == 0 and sorted(r["version"] for r in rows) == [1, 2]
+    assert all(isinstance(r["created_at"], str) for r in rows)  # times as text
+
+
+def test_a_query_that_would_write_or_is_wrong_changes_nothing(configs, capsys):
+    rc, _, err = query(capsys, "DELETE FROM exit_configs")
+    assert rc == 2 and err.startswith("error: ") and "read" in err.lower()
+    assert configs.latest_exit_config("m").version == 2
+    rc, _, err = query(capsys, "SELEC 1")
+    assert rc == 2 and "syntax" in err.lower()
+    rc, _, err = query(capsys, "  ")
+    assert rc == 2 and "needs SQL" in err
+
+
+def test_exit_config_without_options_shows_and_stores_nothing(configs, capsys):
+    assert main(["exit-config", "m"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("exit config v2 for m (latency mode)") and "second" in out
+    assert "active=[0]" in out and configs.latest_exit_config("m").version == 2
+    assert main(["exit-config", "nosuch"]) == 2
+    assert "'nosuch' has no exit config" in capsys.readouterr().out

@@ -48,8 +48,11 @@ def built_in_sample(models_dir: Path, model: str, seed: int) -> dict[str, np.nda
 
     if model in ZOO:
         return {k: v[0] for k, v in sample_inputs(model, 1, seed=seed).items()}
+    from services.runtime.manifest import manifest_kind
     from services.sim.workload_inputs import workload_chunks
 
+    if manifest_kind(models_dir / model) == "llm":
+        raise InputFileError(f"{model} is a generative model: offramp generate {model} PROMPT")
     try:
         manifest = Manifest.load(models_dir / model)
     except ModelNotPrepared:

@@ -61,6 +61,10 @@ def test_a_prepared_model_outside_the_zoo_gets_a_frame_or_a_clear_refusal(home):
     sample = built_in_sample(models, "cold-copy", seed=3)
     assert list(sample) == ["image"] and sample["image"].shape == (3, 32, 32)
     assert sample["image"].dtype == np.float32
+    (models / "gen").mkdir()
+    (models / "gen" / "manifest.json").write_text('{"kind": "llm", "name": "gen"}')
+    with pytest.raises(InputFileError, match="gen is a generative model: offramp generate gen"):
+        built_in_sample(models, "gen", seed=0)
     prepared(models, "tabular", [TensorSpec("x", "<f4", [7])])
     with pytest.raises(InputFileError, match=r"no built-in sample fits tabular's inputs "
                                              r"\(x \[7\] <f4\): pass --input"):

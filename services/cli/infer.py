@@ -11,7 +11,7 @@ import numpy as np
 
 from services.common import config as config_mod
 from services.runtime.input_files import InputFileError, read_arrays
-from services.runtime.manifest import Manifest, ModelNotPrepared
+from services.runtime.manifest import Manifest, ModelNotPrepared, manifest_kind
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,7 +48,6 @@ def built_in_sample(models_dir: Path, model: str, seed: int) -> dict[str, np.nda
 
     if model in ZOO:
         return {k: v[0] for k, v in sample_inputs(model, 1, seed=seed).items()}
-    from services.runtime.manifest import manifest_kind
     from services.sim.workload_inputs import workload_chunks
 
     if manifest_kind(models_dir / model) == "llm":

@@ -28,6 +28,7 @@ from services.common import config as config_mod
 from services.common.bus import AuthorizationError, BusUnreachable
 from services.common.credentials import CredentialsError
 from services.common.memory import keep_large_buffers
+from services.launcher.home_lock import StackRunning
 from services.runtime.input_files import InputFileError
 from services.runtime.manifest import ModelNotPrepared
 
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except (config_mod.ConfigError, ModelNotPrepared, InputFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (AuthorizationError, CredentialsError) as exc:
+    except (AuthorizationError, CredentialsError, StackRunning) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except BusUnreachable as exc:

@@ -30,6 +30,7 @@ from services.common.credentials import (
 from services.common.readiness import READY_FILE_ENV, is_ready, ready_file
 from services.exits.initial import initial_ramps
 from services.launcher import metrics_ports
+from services.launcher.home_lock import HomeLock
 from services.launcher.nats_auth import authorization_block, ensure_logins
 from services.launcher.natsserver import EmbeddedNats
 from services.prepare.pipeline import SUPERNETS, ZOO, load_if_intact, prepare
@@ -172,8 +173,10 @@ class Supervisor:
         self.logins_mtime = 0  # of the credentials file the embedded server was given
         self.children: list[Child] = []
         self.url = cfg.nats_url
+        self.home_lock = HomeLock(cfg.home)
 
     def start(self) -> str:
+        self.home_lock.acquire(f"offramp {sys.argv[1]}" if len(sys.argv) > 1 else "a stack")
         if self.url is None:
             # the file the children read their logins from (credentials.login_for)
             logins = ensure_logins(credentials_file(self.cfg))
@@ -359,6 +362,7 @@ class Supervisor:
         metrics_ports.remove(self.cfg.home)
         if self.nats is not None:
             self.nats.stop()
+        self.home_lock.release()
 
     def pids(self) -> dict[str, int]:
         out = {c.name: c.proc.pid for c in self.children if c.proc is not None}

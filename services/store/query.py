@@ -9,6 +9,7 @@ import io
 import json
 from dataclasses import dataclass
 from datetime import date, datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import make_url
@@ -29,8 +30,13 @@ class QueryResult:
 
 def run_query(url: str, sql: str) -> QueryResult:
     """All rows of ``sql`` (one statement) at ``url``, read only."""
+    parsed = make_url(url)
+    sqlite = parsed.get_backend_name() == "sqlite"
+    if sqlite and parsed.database not in (None, "", ":memory:") \
+            and not Path(parsed.database).expanduser().is_file():
+        raise QueryError(f"no store at {parsed.database}: `offramp up` (or `offramp db "
+                         "upgrade`) creates it")
     engine = make_engine(url)
-    sqlite = make_url(url).get_backend_name() == "sqlite"
     try:
         with engine.connect() as conn:
             if sqlite:
@@ -43,7 +49,10 @@ def run_query(url: str, sql: str) -> QueryResult:
                 out = QueryResult(list(result.keys()), [tuple(r) for r in result]) \
                     if result.returns_rows else QueryResult([], [])
             except (DBAPIError, StatementError) as exc:
-                raise QueryError(str(getattr(exc, "orig", None) or exc).strip()) from None
+                said = str(getattr(exc, "orig", None) or exc).strip()
+                if "no such table" in said or "does not exist" in said:
+                    said += " (the store's tables: README, Store queries)"
+                raise QueryError(said) from None
             finally:
                 conn.rollback()
     finally:

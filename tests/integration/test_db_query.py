@@ -45,6 +45,15 @@ def test_a_query_that_would_write_or_is_wrong_changes_nothing(configs, capsys):
     assert rc == 2 and "syntax" in err.lower()
     rc, _, err = query(capsys, "  ")
     assert rc == 2 and "needs SQL" in err
+    rc, _, err = query(capsys, "SELECT * FROM nosuch")
+    assert rc == 2 and "nosuch" in err and "README" in err
+
+
+def test_no_store_yet_is_named_and_not_created(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OFFRAMP_HOME", str(tmp_path))
+    rc, _, err = query(capsys, "SELECT 1", "--url", f"sqlite:///{tmp_path / 'none.db'}")
+    assert rc == 2 and "no store at" in err and "offramp up" in err
+    assert not (tmp_path / "none.db").exists()
 
 
 def test_exit_config_without_options_shows_and_stores_nothing(configs, capsys):

@@ -26,3 +26,21 @@ def test_a_client_without_a_stack_gets_one_error_line(dead_url, capsys, caplog):
     assert "Traceback" not in err
     refused = [r for r in caplog.records if "nats error" in r.getMessage()]
     assert len(refused) <= 2  # the first refusal (and at most one other error), not one each try
+
+
+def test_status_on_a_server_with_no_stack_says_so_without_bus_errors(tmp_path, monkeypatch,
+                                                                     capsys, caplog):
+    from services.launcher.natsserver import EmbeddedNats
+
+    nats = EmbeddedNats(tmp_path / "nats")
+    url = nats.start()
+    try:
+        monkeypatch.setenv("OFFRAMP_HOME", str(tmp_path))
+        monkeypatch.setenv("OFFRAMP_NATS_URL", url)
+        assert main(["status"]) == 0
+        out = capsys.readouterr().out
+        assert "router: no router answered" in out and "is `offramp up` running?" in out
+        # the server's no-responders notice is not an answer that fails to decode
+        assert not [r for r in caplog.records if "nats error" in r.getMessage()]
+    finally:
+        nats.stop()

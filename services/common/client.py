@@ -40,8 +40,11 @@ async def infer(nc: Client, model: str, inputs: dict[str, np.ndarray], slo_ms: f
     data = pack(msg)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    last: InferError | None = None
     while True:
         left = deadline - loop.time()
+        if last is not None and left <= 0.05:
+            raise last  # what the last try met, not a try with no time left
         try:
             reply = await request_raw(nc, subjects.infer(model), data,
                                       min(left, resend_after_s or left))
@@ -50,6 +53,7 @@ async def infer(nc: Client, model: str, inputs: dict[str, np.ndarray], slo_ms: f
             if resend_after_s is None or exc.code not in RESENDABLE or \
                     loop.time() >= deadline - 0.05:
                 raise
+            last = exc
             if exc.code == "no_responders":  # a router restarting: give it a moment
                 await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
     if "error" in reply:
@@ -67,7 +71,7 @@ async def request_raw(nc: Client, subject: str, data: bytes, timeout: float) -> 
     except NoRespondersError:
         raise InferError("no_responders", f"nothing serves {subject}: is `offramp up` running?") from None
     except NatsTimeout:
-        raise InferError("timeout", f"no reply on {subject} within {timeout}s") from None
+        raise InferError("timeout", f"no reply on {subject} within {timeout:.3g} s") from None
     return unpack(resp.data)
 
 
@@ -101,10 +105,14 @@ async def generate(nc: Client, model: str, prompt: str | None = None,
         await nc.publish(subjects.generate(model), pack(msg), reply=inbox)
         while True:
             try:
-                got = unpack((await sub.next_msg(timeout=silence_s)).data)
+                got_msg = await sub.next_msg(timeout=silence_s)
             except NatsTimeout:
                 raise InferError("timeout", f"nothing on the stream for {silence_s} s: is "
                                  "`offramp up` running?") from None
+            if not got_msg.data:  # the server's "no responders" notice: no router is up
+                raise InferError("no_responders", f"nothing serves {subjects.generate(model)}:"
+                                 " is `offramp up` running?")
+            got = unpack(got_msg.data)
             if "error" in got:
                 err = got["error"] or {}
                 raise InferError(err.get("code", errors.INTERNAL), err.get("message", ""), got)

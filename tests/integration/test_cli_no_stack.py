@@ -44,3 +44,37 @@ def test_status_on_a_server_with_no_stack_says_so_without_bus_errors(tmp_path, m
         assert not [r for r in caplog.records if "nats error" in r.getMessage()]
     finally:
         nats.stop()
+
+
+def test_the_client_names_a_missing_router_for_infer_and_generate(tmp_path):
+    import asyncio
+
+    import numpy as np
+
+    from services.common import bus
+    from services.common.client import InferError, generate, infer
+    from services.launcher.natsserver import EmbeddedNats
+
+    nats = EmbeddedNats(tmp_path / "nats")
+    url = nats.start()
+
+    async def run() -> tuple[InferError, InferError]:
+        nc = await bus.connect(url, "no-router")
+        try:
+            with pytest.raises(InferError) as inferred:
+                # resent until the deadline, as for a restarting router; then the last error
+                await infer(nc, "m", {"x": np.zeros(3, np.float32)}, timeout=0.6,
+                            resend_after_s=0.2)
+            with pytest.raises(InferError) as streamed:
+                async for _ in generate(nc, "m", "hi", max_tokens=4, silence_s=5.0):
+                    pass
+            return inferred.value, streamed.value
+        finally:
+            await nc.close()
+
+    try:
+        inferred, streamed = asyncio.run(run())
+    finally:
+        nats.stop()
+    assert inferred.code == "no_responders" and "offramp.infer.m" in inferred.message
+    assert streamed.code == "no_responders" and "offramp.generate.m" in streamed.message

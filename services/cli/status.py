@@ -42,7 +42,7 @@ async def gather(nc, subject: str, first_s: float = 2.0, rest_s: float = 0.3) ->
     arrived = asyncio.Event()
 
     async def on_reply(msg) -> None:
-        if not msg.data:  # the server's "no responders" notice (status 503), not an answer
+        if bus.is_no_responders(msg):  # not an answer
             return
         got.append(unpack(msg.data))
         arrived.set()

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from services.runtime.manifest import TensorSpec
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     tr = sub.add_parser("trace", help="record replay traces: offramp trace record ...")
@@ -51,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rec.add_argument("--quiet", action="store_true", help="no progress output")
 
 
-def _file_inputs(path: Path, inputs: list, chunk: int
+def _file_inputs(path: Path, inputs: list[TensorSpec], chunk: int
                  ) -> tuple[int, Iterator[dict[str, np.ndarray]]]:
     from services.runtime.input_files import read_inputs
 

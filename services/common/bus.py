@@ -9,8 +9,9 @@ import time
 from urllib.parse import urlsplit
 
 import nats.aio.client as nats_client_module
-from nats.aio.client import Client
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.aio.client import NO_RESPONDERS_STATUS, Client
+from nats.aio.msg import Msg
+from nats.js.api import Header, RetentionPolicy, StorageType, StreamConfig
 
 from schemas import subjects
 from schemas.roles import inbox_prefix
@@ -95,6 +96,12 @@ async def connect(url: str, name: str, connect_timeout: float = 10.0,
             f"NATS at {_public(url)} refused {who} ({name}): give this role's credentials "
             f"(`offramp credentials ROLE`, OFFRAMP_NATS_CREDENTIALS)")
     raise BusUnreachable(f"cannot reach NATS at {_public(url)} within {connect_timeout:g}s: {why}")
+
+
+def is_no_responders(msg: Msg) -> bool:
+    """The server's "no responders" notice (an empty message, status 503) on an inbox read
+    by hand: ``request()`` turns it into NoRespondersError, a subscription does not."""
+    return bool(msg.headers) and msg.headers.get(Header.STATUS) == NO_RESPONDERS_STATUS
 
 
 def _public(url: str) -> str:

@@ -15,6 +15,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from schemas import errors, subjects
 from schemas.codec import SCHEMA_VERSION, pack, unpack
+from services.common.bus import is_no_responders
 from services.common.hotpath import requester
 
 
@@ -109,7 +110,7 @@ async def generate(nc: Client, model: str, prompt: str | None = None,
             except NatsTimeout:
                 raise InferError("timeout", f"nothing on the stream for {silence_s} s: is "
                                  "`offramp up` running?") from None
-            if not got_msg.data:  # the server's "no responders" notice: no router is up
+            if is_no_responders(got_msg):  # no router is up
                 raise InferError("no_responders", f"nothing serves {subjects.generate(model)}:"
                                  " is `offramp up` running?")
             got = unpack(got_msg.data)

@@ -24,10 +24,10 @@ MANIFEST_FILE = "manifest.json"
 def manifest_kind(model_dir: Path) -> str | None:
     """The ``kind`` a prepared model's manifest declares ("" for the zoo's classifiers,
     "supernet", "llm"), None when the folder holds no manifest."""
-    path = Path(model_dir) / MANIFEST_FILE
-    if not path.is_file():
+    try:
+        return str(read_manifest(model_dir).get("kind") or "")
+    except ModelNotPrepared:
         return None
-    return str(json.loads(path.read_text(encoding="utf-8")).get("kind") or "")
 
 
 class ModelNotPrepared(FileNotFoundError):

@@ -61,8 +61,10 @@ def run_query(url: str, sql: str) -> QueryResult:
 
 
 def _cell(value: Any) -> Any:
-    if isinstance(value, datetime | date):
-        return value.isoformat(sep=" ") if isinstance(value, datetime) else value.isoformat()
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ")
+    if isinstance(value, date):
+        return value.isoformat()
     if isinstance(value, bytes | bytearray | memoryview):
         return f"<{len(bytes(value))} bytes>"
     return value

@@ -6,6 +6,8 @@ import argparse
 import signal
 import sys
 import threading
+from datetime import UTC, datetime
+from pathlib import Path
 
 BENCHES = ("overhead", "apparate", "chaos", "e3", "superserve", "decode", "helios")
 
@@ -13,7 +15,8 @@ BENCHES = ("overhead", "apparate", "chaos", "e3", "superserve", "decode", "helio
 def register(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON")
     bench.add_argument("which", choices=BENCHES)
-    bench.add_argument("--json", required=True, help="output file")
+    bench.add_argument("--json", metavar="OUT",
+                       help="output file (default $OFFRAMP_HOME/bench/WHICH-<UTC time>.json)")
     bench.add_argument("--model", help="default efficientnet-lite0 (chaos: tiny, e3: chain-cnn)")
     bench.add_argument("--trivial-model", default="tiny")
     bench.add_argument("--requests", type=int,
@@ -212,11 +215,25 @@ def e3_arguments(bench: argparse.ArgumentParser) -> None:
                        "batch-16 full model) and --constraint")
 
 
+def default_json_path(which: str) -> Path:
+    """Where a bench writes its JSON when ``--json`` is not given: one file per run in the
+    state folder, so a quick look still leaves its figures behind."""
+    from services.common import config
+
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    out = config.load().home / "bench" / f"{which}-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C: the benches' `finally` blocks stop the private stacks
     # they started (a killed bench would leave them serving)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    if not args.json:
+        args.json = str(default_json_path(args.which))
+        print(f"results go to {args.json} (--json OUT to choose)", file=sys.stderr)
     if args.which == "chaos":
         from services.bench.chaos import run_chaos
         args.model = args.model or "tiny"

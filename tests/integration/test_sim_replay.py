@@ -51,6 +51,20 @@ def test_bench_apparate_writes_json_and_svg(tmp_path, capsys) -> None:
         assert "--feedback-backlog must be >= 0" in capsys.readouterr().err
 
 
+def test_bench_without_json_writes_into_the_state_folder(tmp_path, monkeypatch, capsys) -> None:
+    import json
+
+    from services.cli.main import main
+
+    monkeypatch.setenv("OFFRAMP_HOME", str(tmp_path / "home"))
+    path = easy(n=200).save(tmp_path / "easy.npz")
+    assert main(["bench", "apparate", "--trace", str(path), "--grid-rounds", "0"]) == 0
+    written = list((tmp_path / "home" / "bench").glob("apparate-*.json"))
+    assert len(written) == 1
+    assert json.loads(written[0].read_text())["mode"] == "replay simulation"
+    assert f"results go to {written[0]}" in capsys.readouterr().err
+
+
 def test_bench_apparate_defaults_to_light_load_without_arrivals(tmp_path, capsys) -> None:
     import json
 

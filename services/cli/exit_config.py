@@ -15,7 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ec.add_argument("model")
     ec.add_argument("--threshold", type=float, help="one threshold for every active ramp")
     ec.add_argument("--set", action="append", default=[], help="RAMP=THRESHOLD")
-    ec.add_argument("--active", help="comma list of active ramps (default: all; none = vanilla)")
+    ec.add_argument("--active", help="all, none (vanilla) or a comma list of ramps "
+                    "(default: the active set in force)")
     ec.add_argument("--head", action="append", default=[], metavar="RAMP=VERSION",
                     help="serve this stored head version of a ramp (0: the prepared head); "
                     "rolls back a refit. Later refits must beat it to replace it")

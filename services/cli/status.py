@@ -82,8 +82,11 @@ def helios_status(cfg: Config) -> dict[str, Any]:
     return out
 
 
-def _helios_lines(helios: dict[str, Any]) -> list[str]:
+def _helios_lines(helios: dict[str, Any], served: bool) -> list[str]:
+    """One line per generative model; with no router answering, what the store holds is
+    history, and said to be."""
     lines = []
+    tag = "" if served else " (stored history; no router answered)"
     for model, h in helios.items():
         d, g = h["decision"], h["streams"]
         serving = "no decision" if d is None else (
@@ -92,7 +95,7 @@ def _helios_lines(helios: dict[str, Any]) -> list[str]:
         heads = ",".join(f"{k}:{t:.3f}" for k, t in sorted(h["thresholds"].items())) or "-"
         checked = g.get("checked", 0)
         agree = f"{g['agreed'] / checked:.1%} of {checked}" if checked else "none checked"
-        lines.append(f"helios {model}: {serving}; head thresholds {heads}; "
+        lines.append(f"helios {model}{tag}: {serving}; head thresholds {heads}; "
                      f"{g.get('streams', 0)} streams, {g.get('tokens', 0)} tokens, early "
                      f"tokens agreeing {agree}")
     return lines
@@ -126,7 +129,7 @@ def render(status: dict[str, Any]) -> str:
         lines.append(f"monitor stored: {monitor.get('requests_stored', 0)} request rows, "
                      f"{monitor.get('windows_stored', 0)} windows, "
                      f"{monitor.get('generations_stored', 0)} generation streams")
-    lines += _helios_lines(status.get("helios") or {})
+    lines += _helios_lines(status.get("helios") or {}, served="error" not in router)
     metrics = status.get("metrics") or {}
     for name, port in sorted(metrics.get("ports", {}).items()):
         lines.append(f"metrics {name}: {metrics_ports.url(metrics['bind'], port)}")

@@ -41,6 +41,28 @@ def pinned_heads(store: Store, model: str, current: dict[int, str], pins: list[s
     return heads
 
 
+def active_set(spec: str | None, ramps: list[int], in_force: list[int] | None) -> list[int]:
+    """The active ramps ``--active`` asks for: ``all``, ``none`` (vanilla) or a comma list;
+    without it the set in force, so a threshold, a head pin or a mode change leaves the
+    deployment's ramps alone (every ramp for a model with no config yet)."""
+    if spec is None:
+        return list(in_force) if in_force is not None else list(ramps)
+    word = spec.strip().lower()
+    if word == "none":
+        return []
+    if word == "all":
+        return list(ramps)
+    try:
+        chosen = [int(a) for a in spec.split(",") if a.strip()]
+    except ValueError:
+        raise ValueError(f"--active {spec!r}: use all, none or a comma list of ramps "
+                         f"(model has {ramps})") from None
+    unknown = set(chosen) - set(ramps)
+    if unknown:
+        raise ValueError(f"unknown ramp(s) {sorted(unknown)}; model has {ramps}")
+    return chosen
+
+
 def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | None,
                     sets: list[str], active: str | None, reason: str,
                     head_pins: list[str] | None = None, mode: str | None = None,
@@ -51,19 +73,16 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
         if not ramps:
             say(f"error: model {model!r} is not registered (run `offramp up` or `offramp prepare`)")
             return 2
-        if active is not None and active.strip().lower() == "none":
-            active_ramps = []  # vanilla: no ramp runs, nothing exits
-        else:
-            active_ramps = [int(a) for a in active.split(",")] if active else ramps
-        unknown = set(active_ramps) - set(ramps)
-        if unknown:
-            say(f"error: unknown ramp(s) {sorted(unknown)}; model has {ramps}")
-            return 2
         latest = store.latest_exit_config(model)
+        try:
+            active_ramps = active_set(active, ramps, None if latest is None else latest.active)
+        except ValueError as exc:
+            say(f"error: {exc}")
+            return 2
         thresholds = dict(latest.thresholds) if latest else {r: 0.0 for r in ramps}
         mode = mode or (latest.mode if latest else "latency")
         if threshold is not None:
-            thresholds = {r: threshold for r in active_ramps}
+            thresholds.update({r: threshold for r in active_ramps})
         for s in sets:
             ramp, _, value = s.partition("=")
             thresholds[int(ramp)] = float(value)
@@ -75,12 +94,17 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
                                  f"model has {ramps}")
             # what workers would refuse is not stored either
             ExitConfig(model, 0, mode, thresholds, active_ramps, heads=heads).check()
+            if threshold is not None:  # checked even where no active ramp takes it
+                ExitConfig(model, 0, mode, dict.fromkeys(ramps, threshold), ramps).check()
         except ValueError as exc:
             say(f"error: {exc}")
             return 2
         row = store.save_exit_config(model, thresholds, active_ramps, mode, reason, heads)
     finally:
         store.close()
+    if not active_ramps and (threshold is not None or sets):
+        say("note: no ramp is active, so no threshold applies (--active all or a list "
+            "turns ramps on)")
     config = row.message()
 
     async def publish() -> None:

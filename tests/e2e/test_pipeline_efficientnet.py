@@ -45,7 +45,8 @@ def telemetry_complete(seen: list[tuple[str, dict]]) -> bool:
 
 
 def test_500_requests_all_answered_early_before_final(stack):
-    out = stack.cli("exit-config", MODEL, "--threshold", "0.3", "--reason", "e2e test")
+    out = stack.cli("exit-config", MODEL, "--threshold", "0.3", "--active", "all",
+                    "--reason", "e2e test")
     assert out.returncode == 0, out.stdout + out.stderr
     frames = _frames(100, seed=5)
     inputs = [frames[i % len(frames)] for i in range(500)]

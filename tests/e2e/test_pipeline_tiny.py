@@ -93,7 +93,7 @@ def test_two_stage_split_early_exits_in_both_stages(stack):
     assert bad.returncode == 2 and "must be in [0, 1]" in bad.stdout, (bad.stdout, bad.stderr)
     bad = stack.cli("exit-config", MODEL, "--set", "99=0.1")
     assert bad.returncode == 2 and "unknown ramp(s) [99]" in bad.stdout, bad.stdout
-    out = stack.cli("exit-config", MODEL, "--threshold", "0.5")
+    out = stack.cli("exit-config", MODEL, "--threshold", "0.5", "--active", "all")
     assert out.returncode == 0, out.stderr
     inputs = [{"x": _x(i)} for i in range(300)]
 

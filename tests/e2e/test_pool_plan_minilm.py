@@ -38,7 +38,7 @@ def _texts(models_dir, n: int) -> list[dict[str, np.ndarray]]:
 
 
 def test_minilm_in_compute_mode_while_plans_change(stack, models_dir):
-    done = stack.cli("exit-config", MODEL, "--threshold", "0.3")
+    done = stack.cli("exit-config", MODEL, "--threshold", "0.3", "--active", "all")
     assert done.returncode == 0 and "compute mode" in done.stdout, done.stdout + done.stderr
     n = int(RATE * SECONDS)
     xs = _texts(models_dir, n)

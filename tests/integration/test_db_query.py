@@ -1,11 +1,13 @@
 """`offramp db query` reads the store on every backend without a database client, and
-writes nothing; `offramp exit-config MODEL` without options shows the config in force."""
+writes nothing; `offramp exit-config MODEL` without options shows the config in force, and a
+change that names no ramps keeps the active set in force."""
 
 import json
 
 import pytest
 
 from services.cli.main import main
+from tests.integration.test_store_repository import MANIFEST
 
 
 @pytest.fixture
@@ -63,3 +65,42 @@ def test_exit_config_without_options_shows_and_stores_nothing(configs, capsys):
     assert "active=[0]" in out and configs.latest_exit_config("m").version == 2
     assert main(["exit-config", "nosuch"]) == 2
     assert "'nosuch' has no exit config" in capsys.readouterr().out
+
+
+def test_exit_config_changes_keep_the_active_set_unless_told(store, url, monkeypatch, tmp_path,
+                                                             capsys):
+    monkeypatch.setenv("OFFRAMP_HOME", str(tmp_path))
+    monkeypatch.setenv("OFFRAMP_DATABASE_URL", url)
+
+    async def no_server(*_args, **_kwargs):
+        raise RuntimeError("no server in this test")
+
+    monkeypatch.setattr("services.common.bus.connect", no_server)
+    store.register_model(MANIFEST, str(tmp_path))
+    ramps = [r["index"] for r in store.ramps("tiny")]
+    assert len(ramps) >= 2
+    store.save_exit_config("tiny", dict.fromkeys(ramps, 0.0), [ramps[1]], "latency", "initial")
+
+    def latest():
+        return store.latest_exit_config("tiny")
+
+    assert main(["exit-config", "tiny", "--threshold", "0.4"]) == 0
+    assert "not broadcast" in capsys.readouterr().out
+    assert latest().active == [ramps[1]] and latest().thresholds[ramps[1]] == 0.4
+    assert latest().thresholds[ramps[0]] == 0.0  # an inactive ramp's threshold is kept
+    assert main(["exit-config", "tiny", "--mode", "compute"]) == 0
+    assert latest().active == [ramps[1]] and latest().mode == "compute"
+    assert main(["exit-config", "tiny", "--active", "all", "--threshold", "0.2"]) == 0
+    assert latest().active == ramps and set(latest().thresholds.values()) == {0.2}
+    assert main(["exit-config", "tiny", "--active", "none", "--threshold", "0.3"]) == 0
+    assert latest().active == [] and "no ramp is active" in capsys.readouterr().out
+    version = latest().version
+    assert main(["exit-config", "tiny", "--active", "x,1"]) == 2
+    assert "use all, none or a comma list" in capsys.readouterr().out
+    assert main(["exit-config", "tiny", "--active", "99"]) == 2
+    assert "unknown ramp(s) [99]" in capsys.readouterr().out
+    assert main(["exit-config", "tiny", "--threshold", "1.5"]) == 2  # even with none active
+    assert "must be in [0, 1]" in capsys.readouterr().out
+    assert main(["exit-config", "tiny", "--active", "99"]) == 2
+    assert "unknown ramp(s) [99]" in capsys.readouterr().out
+    assert latest().version == version  # refused: nothing stored

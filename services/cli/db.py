@@ -22,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from services.store import migrate
+    from services.store.db import missing_sqlite_file
 
     cfg = config_mod.load()
     url = args.url or cfg.database_url
@@ -29,6 +30,9 @@ def run(args: argparse.Namespace) -> int:
         return _query(url, args.sql, args.format)
     if args.sql is not None:
         raise SystemExit(f"offramp db {args.action} takes no SQL")
+    if args.action != "upgrade" and (missing := missing_sqlite_file(url)) is not None:
+        print(f"no store at {missing} yet: `offramp up` (or `offramp db upgrade`) creates it")
+        return 0 if args.action == "current" else 2
     if args.action == "upgrade":
         migrate.upgrade(url, args.revision or "head")
     elif args.action == "downgrade":

@@ -29,8 +29,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from services.launcher.exit_config import set_exit_config
+    from services.store.db import missing_sqlite_file
 
     cfg = config_mod.load()
+    if (missing := missing_sqlite_file(cfg.database_url)) is not None:
+        print(f"error: no store at {missing} yet: `offramp up` (or `offramp prepare "
+              f"{args.model}`) creates it")
+        return 2
     if args.threshold is None and not args.set and args.active is None and not args.head \
             and args.mode is None:
         return show(cfg, args.model)

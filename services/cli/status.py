@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from pathlib import Path
 from typing import Any
 
 from schemas import subjects
@@ -61,14 +60,12 @@ async def gather(nc, subject: str, first_s: float = 2.0, rest_s: float = 0.3) ->
 def helios_status(cfg: Config) -> dict[str, Any]:
     """Per generative model with streams or decisions: HELIOS's decision in force, the heads'
     tuned thresholds, and its streams' totals (token-level feedback included)."""
-    from sqlalchemy.engine import make_url
-
+    from services.store.db import missing_sqlite_file
     from services.store.repository import Store
 
     out: dict[str, Any] = {}
-    url = make_url(cfg.database_url)
-    if url.get_backend_name() == "sqlite" and not Path(url.database or "").is_file():
-        return out  # no store here: opening one would create an empty file
+    if missing_sqlite_file(cfg.database_url) is not None:
+        return out  # no store here yet
     with Store(cfg.database_url) as store:
         totals = store.generation_totals()
         for model in sorted(set(totals) | set(cfg.models)):

@@ -26,6 +26,18 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 IMMEDIATE = "offramp_sqlite_immediate"
 
 
+def missing_sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite store that does not exist yet, else None (PostgreSQL, memory):
+    a command that only reads must say so, since opening it would create an empty file."""
+    parsed = make_url(url)
+    db = parsed.database
+    if parsed.get_backend_name() != "sqlite" or db in (None, "", ":memory:") \
+            or db.startswith("file:"):
+        return None
+    path = Path(db).expanduser()
+    return None if path.is_file() else path
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """A sync Engine for `url`; SQLite gets WAL, busy_timeout, foreign keys and real BEGINs."""
     parsed = make_url(url)

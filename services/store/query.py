@@ -9,13 +9,12 @@ import io
 import json
 from dataclasses import dataclass
 from datetime import date, datetime
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import make_url
 from sqlalchemy.exc import DBAPIError, StatementError
 
-from services.store.db import make_engine
+from services.store.db import make_engine, missing_sqlite_file
 
 
 class QueryError(ValueError):
@@ -30,11 +29,9 @@ class QueryResult:
 
 def run_query(url: str, sql: str) -> QueryResult:
     """All rows of ``sql`` (one statement) at ``url``, read only."""
-    parsed = make_url(url)
-    sqlite = parsed.get_backend_name() == "sqlite"
-    if sqlite and parsed.database not in (None, "", ":memory:") \
-            and not Path(parsed.database).expanduser().is_file():
-        raise QueryError(f"no store at {parsed.database}: `offramp up` (or `offramp db "
+    sqlite = make_url(url).get_backend_name() == "sqlite"
+    if (missing := missing_sqlite_file(url)) is not None:
+        raise QueryError(f"no store at {missing}: `offramp up` (or `offramp db "
                          "upgrade`) creates it")
     engine = make_engine(url)
     try:

@@ -55,7 +55,20 @@ def test_no_store_yet_is_named_and_not_created(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OFFRAMP_HOME", str(tmp_path))
     rc, _, err = query(capsys, "SELECT 1", "--url", f"sqlite:///{tmp_path / 'none.db'}")
     assert rc == 2 and "no store at" in err and "offramp up" in err
+    none = f"sqlite:///{tmp_path / 'none.db'}"
+    assert main(["db", "current", "--url", none]) == 0
+    assert main(["db", "downgrade", "--url", none]) == 2
+    assert capsys.readouterr().out.count("no store at") == 2
     assert not (tmp_path / "none.db").exists()
+
+
+def test_exit_config_before_any_store_names_it_and_creates_none(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OFFRAMP_HOME", str(tmp_path))
+    monkeypatch.delenv("OFFRAMP_DATABASE_URL", raising=False)
+    for argv in (["exit-config", "m"], ["exit-config", "m", "--threshold", "0.2"]):
+        assert main(argv) == 2
+        assert f"no store at {tmp_path / 'offramp.db'} yet" in capsys.readouterr().out
+    assert not (tmp_path / "offramp.db").exists()
 
 
 def test_exit_config_without_options_shows_and_stores_nothing(configs, capsys):

@@ -102,9 +102,9 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
         row = store.save_exit_config(model, thresholds, active_ramps, mode, reason, heads)
     finally:
         store.close()
-    if not active_ramps and (threshold is not None or sets):
-        say("note: no ramp is active, so no threshold applies (--active all or a list "
-            "turns ramps on)")
+    if active is None and not active_ramps and (threshold is not None or sets):
+        say("note: no ramp is active in the config in force, so no threshold applies "
+            "(--active all or a list turns ramps on)")
     config = row.message()
 
     async def publish() -> None:

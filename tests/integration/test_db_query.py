@@ -106,6 +106,8 @@ def test_exit_config_changes_keep_the_active_set_unless_told(store, url, monkeyp
     assert main(["exit-config", "tiny", "--active", "all", "--threshold", "0.2"]) == 0
     assert latest().active == ramps and set(latest().thresholds.values()) == {0.2}
     assert main(["exit-config", "tiny", "--active", "none", "--threshold", "0.3"]) == 0
+    assert latest().active == [] and "no ramp is active" not in capsys.readouterr().out
+    assert main(["exit-config", "tiny", "--threshold", "0.3"]) == 0  # vanilla stays vanilla
     assert latest().active == [] and "no ramp is active" in capsys.readouterr().out
     version = latest().version
     assert main(["exit-config", "tiny", "--active", "x,1"]) == 2

@@ -280,9 +280,8 @@ def _bad_args(args: argparse.Namespace) -> str | None:
                     "the time they take")
         if getattr(args, "trace", None):
             return "bench apparate takes --trace FILE (replay) or --live (not both)"
-    elif not getattr(args, "trace", None) or not getattr(args, "json", None):
-        return ("bench apparate needs --trace FILE (replay) or --live --model M --workload W, "
-                "and --json OUT")
+    elif not getattr(args, "trace", None):
+        return "bench apparate needs --trace FILE (replay) or --live --model M --workload W"
     return None
 
 

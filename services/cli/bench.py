@@ -9,6 +9,8 @@ import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
+from services.cli.options import loss_share, non_negative_float, non_negative_int, positive_int
+
 BENCHES = ("overhead", "apparate", "chaos", "e3", "superserve", "decode", "helios")
 
 
@@ -19,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="output file (default $OFFRAMP_HOME/bench/WHICH-<UTC time>.json)")
     bench.add_argument("--model", help="default efficientnet-lite0 (chaos: tiny, e3: chain-cnn)")
     bench.add_argument("--trivial-model", default="tiny")
-    bench.add_argument("--requests", type=int,
+    bench.add_argument("--requests", type=positive_int,
                        help="overhead: requests per light-load run (default 300); apparate "
                        "--live: samples of the stream per policy (default 2000); e3, helios: below")
     bench.add_argument("--duration", type=float, default=8.0, help="seconds of sustained load")
@@ -31,10 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--arrivals", help="apparate: arrival spec overriding the trace's, e.g. "
                        "poisson:10 (default: the trace's arrival_s, else Poisson light load at "
                        "20%% of the full model's capacity)")
-    bench.add_argument("--seed", type=int, default=0,
+    bench.add_argument("--seed", type=non_negative_int, default=0,
                        help="apparate: seed of --arrivals; chaos: seed of the fuzzed messages")
-    bench.add_argument("--constraint", type=float, default=0.01, help="tolerated agreement loss")
-    bench.add_argument("--budget", type=float, default=0.02, help="ramp budget (share of the model)")
+    bench.add_argument("--constraint", type=loss_share, default=0.01,
+                       help="tolerated agreement loss (0.01 = 1 %%)")
+    bench.add_argument("--budget", type=non_negative_float, default=0.02,
+                       help="ramp budget (share of the model)")
     bench.add_argument("--delay-ms", type=float, default=None,
                        help="apparate replay: how late a decided config reaches the worker "
                        "(default 100, the live round trip; 0: at once)")

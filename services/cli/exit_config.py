@@ -8,13 +8,16 @@ import argparse
 from services.common import config as config_mod
 from services.common.credentials import server_url
 
+DEFAULT_REASON = "set by hand (offramp exit-config)"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     ec = sub.add_parser("exit-config", help="store and publish a new exit config version "
                         "(without options: show the one in force)")
     ec.add_argument("model")
     ec.add_argument("--threshold", type=float, help="one threshold for every active ramp")
-    ec.add_argument("--set", action="append", default=[], help="RAMP=THRESHOLD")
+    ec.add_argument("--set", action="append", default=[], metavar="RAMP=THRESHOLD",
+                    help="one ramp's threshold (repeatable)")
     ec.add_argument("--active", help="all, none (vanilla) or a comma list of ramps "
                     "(default: the active set in force)")
     ec.add_argument("--head", action="append", default=[], metavar="RAMP=VERSION",
@@ -23,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ec.add_argument("--mode", choices=("latency", "compute"),
                     help="latency: exited samples run on to the end (Apparate); compute: they "
                     "leave the batch (E3). Default: the mode in force")
-    ec.add_argument("--reason", default="set by hand (offramp exit-config)")
+    ec.add_argument("--reason", default=DEFAULT_REASON,
+                    help="why, stored with the new version")
     ec.set_defaults(fn=run)
 
 
@@ -38,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.threshold is None and not args.set and args.active is None and not args.head \
             and args.mode is None:
+        if args.reason != DEFAULT_REASON:
+            print("error: --reason says why a change is made; pass the change too "
+                  "(--threshold, --set, --active, --head or --mode)")
+            return 2
         return show(cfg, args.model)
     return set_exit_config(cfg, server_url(cfg), args.model, args.threshold, args.set,
                            args.active, args.reason, args.head, args.mode)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from services.cli.options import non_negative_int
 from services.common import config as config_mod
 from services.runtime.input_files import InputFileError, read_arrays
 from services.runtime.manifest import Manifest, ModelNotPrepared, manifest_kind
@@ -20,8 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     inf.add_argument("--input", help=".npy (one sample) or .npz (one array per input name)")
     inf.add_argument("--input-name")
     inf.add_argument("--text", help="a text for minilm-topics (tokenised client-side)")
-    inf.add_argument("--seed", type=int, default=0, help="sample input seed when --input is absent")
-    inf.add_argument("--slo-ms", type=float)
+    inf.add_argument("--seed", type=non_negative_int, default=0,
+                     help="sample input seed when --input is absent")
+    inf.add_argument("--slo-ms", type=float, help="the request's deadline (default "
+                     "OFFRAMP_DEFAULT_SLO_MS)")
     inf.set_defaults(fn=run)
 
 

@@ -91,9 +91,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_with_models(args.models)
     if args.adapt:
         cfg = replace(cfg, adapt=True)
-    logs.setup("up", cfg.log_level)
     if args.routers < 1:
         raise SystemExit("--routers must be at least 1")
+    if args.replicas < 1:
+        raise SystemExit("--replicas must be at least 1 (workers per stage)")
+    logs.setup("up", cfg.log_level)
     pool = check_plan_options(args, cfg.models)
     cuts = parse_cuts(args.split)
     prepare_state(cfg, say=lambda m: print(m, file=sys.stderr))

@@ -193,6 +193,8 @@ DOCUMENTED = [
 
 
 ORT_SPIN_SETTINGS = ("auto", "on", "off")  # see services.runtime.stage.spin_for
+DEVICES = ("auto", "cpu", "cuda")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 class ConfigError(ValueError):
@@ -217,21 +219,21 @@ def _load() -> Config:
         database_url=_env("OFFRAMP_DATABASE_URL", f"sqlite:///{home / 'offramp.db'}"),
         nats_url=os.environ.get("OFFRAMP_NATS_URL") or None,
         models=tuple(m.strip() for m in _env("OFFRAMP_MODELS", "efficientnet-lite0").split(",") if m.strip()),
-        log_level=_env("OFFRAMP_LOG_LEVEL", "INFO").upper(),
-        queue_limit=int(_env("OFFRAMP_QUEUE_LIMIT", "1024")),
-        max_batch=int(_env("OFFRAMP_MAX_BATCH", "16")),
-        batch_timeout_ms=float(_env("OFFRAMP_BATCH_TIMEOUT_MS", "0")),
-        default_slo_ms=float(_env("OFFRAMP_DEFAULT_SLO_MS", "1000")),
-        heartbeat_ms=float(_env("OFFRAMP_HEARTBEAT_MS", "200")),
-        worker_credit=int(_env("OFFRAMP_WORKER_CREDIT", "2")),
-        monitor_window=int(_env("OFFRAMP_MONITOR_WINDOW", "16")),
-        request_timeout_s=float(_env("OFFRAMP_REQUEST_TIMEOUT_S", "5")),
-        device=_env("OFFRAMP_DEVICE", "auto").lower(),
-        ort_threads=int(_env("OFFRAMP_ORT_THREADS", "0")),
-        accuracy_loss=float(_env("OFFRAMP_ACCURACY_LOSS", "0.01")),
-        ramp_budget=float(_env("OFFRAMP_RAMP_BUDGET", "0.02")),
+        log_level=_choice("OFFRAMP_LOG_LEVEL", "INFO", LOG_LEVELS).upper(),
+        queue_limit=_at_least("OFFRAMP_QUEUE_LIMIT", "1024", 1),
+        max_batch=_at_least("OFFRAMP_MAX_BATCH", "16", 1),
+        batch_timeout_ms=_non_negative_float("OFFRAMP_BATCH_TIMEOUT_MS", "0"),
+        default_slo_ms=_positive_float("OFFRAMP_DEFAULT_SLO_MS", "1000"),
+        heartbeat_ms=_positive_float("OFFRAMP_HEARTBEAT_MS", "200"),
+        worker_credit=_at_least("OFFRAMP_WORKER_CREDIT", "2", 1),
+        monitor_window=_at_least("OFFRAMP_MONITOR_WINDOW", "16", 1),
+        request_timeout_s=_positive_float("OFFRAMP_REQUEST_TIMEOUT_S", "5"),
+        device=_choice("OFFRAMP_DEVICE", "auto", DEVICES),
+        ort_threads=_non_negative("OFFRAMP_ORT_THREADS", "0"),
+        accuracy_loss=_below_one("OFFRAMP_ACCURACY_LOSS", "0.01"),
+        ramp_budget=_non_negative_float("OFFRAMP_RAMP_BUDGET", "0.02"),
         adapt=_env("OFFRAMP_ADAPT", "0").lower() in ("1", "true", "yes", "on"),
-        nats_procs=int(_env("OFFRAMP_NATS_PROCS", "0")),
+        nats_procs=_non_negative("OFFRAMP_NATS_PROCS", "0"),
         ort_spin=_choice("OFFRAMP_ORT_SPIN", "off", ORT_SPIN_SETTINGS),
         feedback_backlog=_non_negative("OFFRAMP_FEEDBACK_BACKLOG", "8"),
         inline_ms=_non_negative_float("OFFRAMP_INLINE_MS", "5"),
@@ -297,10 +299,7 @@ def _at_least(name: str, default: str, low: int) -> int:
 
 
 def _non_negative(name: str, default: str) -> int:
-    value = int(_env(name, default))
-    if value < 0:
-        raise ConfigError(f"{name}={value}: must be >= 0")
-    return value
+    return _at_least(name, default, 0)
 
 
 def _non_negative_float(name: str, default: str) -> float:

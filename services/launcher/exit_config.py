@@ -85,7 +85,11 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
             thresholds.update({r: threshold for r in active_ramps})
         for s in sets:
             ramp, _, value = s.partition("=")
-            thresholds[int(ramp)] = float(value)
+            try:
+                thresholds[int(ramp)] = float(value)
+            except ValueError:
+                say(f"error: --set {s!r}: use RAMP=THRESHOLD, e.g. --set 3=0.2")
+                return 2
         try:
             heads = pinned_heads(store, model, dict(latest.heads) if latest else {},
                                  head_pins or [])
@@ -102,6 +106,10 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
         row = store.save_exit_config(model, thresholds, active_ramps, mode, reason, heads)
     finally:
         store.close()
+    idle = sorted({int(x.partition("=")[0]) for x in sets} - set(active_ramps))
+    if idle and active_ramps:
+        say(f"note: ramp(s) {idle} are not active; their thresholds apply once they are "
+            "(--active)")
     if active is None and not active_ramps and (threshold is not None or sets):
         say("note: no ramp is active in the config in force, so no threshold applies "
             "(--active all or a list turns ramps on)")

@@ -48,7 +48,7 @@ def run_query(url: str, sql: str) -> QueryResult:
             except (DBAPIError, StatementError) as exc:
                 said = str(getattr(exc, "orig", None) or exc).strip()
                 if "no such table" in said or "does not exist" in said:
-                    said += " (the store's tables: README, Store queries)"
+                    said += " (the store's tables: README, The store)"
                 raise QueryError(said) from None
             finally:
                 conn.rollback()

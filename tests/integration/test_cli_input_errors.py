@@ -86,3 +86,22 @@ def test_up_refuses_cuts_no_worker_could_serve_before_starting_any(home):
                         ("m=0", "from 1 to 3"), ("other=1", "other is not served")]:
         with pytest.raises(SystemExit, match=said):
             check_cuts(parse_cuts([split]), ("m",), models)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["infer", "m", "--seed", "-1"], "argument --seed: must be >= 0"),
+    (["bench", "overhead", "--requests", "0"], "argument --requests: must be >= 1"),
+    (["bench", "apparate", "--trace", "t.npz", "--constraint", "5"],
+     "argument --constraint: is a share of answers in [0, 1)"),
+    (["bench", "apparate", "--trace", "t.npz", "--budget", "-1"], "argument --budget: must be"),
+    (["bench", "apparate", "--trace", "t.npz", "--seed", "x"], "argument --seed: not an integer"),
+])
+def test_impossible_numbers_are_refused_before_any_work(home, capsys, argv, said):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_up_refuses_a_stage_without_workers(home):
+    with pytest.raises(SystemExit, match="--replicas must be at least 1"):
+        main(["up", "--replicas", "0"])

@@ -118,4 +118,11 @@ def test_exit_config_changes_keep_the_active_set_unless_told(store, url, monkeyp
     assert "must be in [0, 1]" in capsys.readouterr().out
     assert main(["exit-config", "tiny", "--active", "99"]) == 2
     assert "unknown ramp(s) [99]" in capsys.readouterr().out
+    for bad in ("x", "3=abc", "a=0.2"):
+        assert main(["exit-config", "tiny", "--set", bad]) == 2
+        assert "use RAMP=THRESHOLD" in capsys.readouterr().out
+    assert main(["exit-config", "tiny", "--reason", "why not"]) == 2
+    assert "pass the change too" in capsys.readouterr().out
     assert latest().version == version  # refused: nothing stored
+    assert main(["exit-config", "tiny", "--active", str(ramps[1]), "--set", f"{ramps[0]}=0.1"]) == 0
+    assert f"ramp(s) [{ramps[0]}] are not active" in capsys.readouterr().out

@@ -49,3 +49,26 @@ def test_supervisor_spins_workers_only_when_one_runs_on_the_host(monkeypatch, se
     sup = Supervisor(config_mod.load(), deployment)
     assert sup.workers() == workers
     assert sup.ort_spin() == want
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("OFFRAMP_MAX_BATCH", "0"), ("OFFRAMP_MAX_BATCH", "-3"), ("OFFRAMP_QUEUE_LIMIT", "0"),
+    ("OFFRAMP_WORKER_CREDIT", "0"), ("OFFRAMP_MONITOR_WINDOW", "x"),
+    ("OFFRAMP_REQUEST_TIMEOUT_S", "0"), ("OFFRAMP_HEARTBEAT_MS", "-1"),
+    ("OFFRAMP_DEFAULT_SLO_MS", "soon"), ("OFFRAMP_BATCH_TIMEOUT_MS", "-2"),
+    ("OFFRAMP_DEVICE", "gpu"), ("OFFRAMP_LOG_LEVEL", "LOUD"), ("OFFRAMP_ORT_THREADS", "-1"),
+    ("OFFRAMP_ACCURACY_LOSS", "-1"), ("OFFRAMP_ACCURACY_LOSS", "1"), ("OFFRAMP_RAMP_BUDGET", "-0.1"),
+    ("OFFRAMP_NATS_PROCS", "two"),
+])
+def test_values_services_would_crash_on_are_refused_by_name(monkeypatch, name, value):
+    # each of these once passed the CLI and crash-looped a service under `offramp up`
+    monkeypatch.setenv(name, value)
+    with pytest.raises(config_mod.ConfigError, match=name):
+        config_mod.load()
+
+
+def test_device_and_log_level_take_any_case(monkeypatch):
+    monkeypatch.setenv("OFFRAMP_DEVICE", "CPU")
+    monkeypatch.setenv("OFFRAMP_LOG_LEVEL", "debug")
+    cfg = config_mod.load()
+    assert (cfg.device, cfg.log_level) == ("cpu", "DEBUG")

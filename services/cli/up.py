@@ -98,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
     logs.setup("up", cfg.log_level)
     pool = check_plan_options(args, cfg.models)
     cuts = parse_cuts(args.split)
+    sup = Supervisor(cfg, Deployment(cfg.models, cuts, args.replicas,
+                                     args.routers, pool),
+                     log_dir=Path(args.log_dir) if args.log_dir else None)
+    sup.claim_home()
     prepare_state(cfg, say=lambda m: print(m, file=sys.stderr))
     check_cuts(cuts, cfg.models, cfg.models_dir)
     if pool:
@@ -105,9 +109,6 @@ def run(args: argparse.Namespace) -> int:
 
         with Store(cfg.database_url) as store:
             store.ensure_exit_mode(cfg.models[0], "compute", "compute mode: offramp up --plan auto")
-    sup = Supervisor(cfg, Deployment(cfg.models, cuts, args.replicas,
-                                     args.routers, pool),
-                     log_dir=Path(args.log_dir) if args.log_dir else None)
     stop = {"now": False}
 
     def on_signal(signum, frame):
@@ -121,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
         if sup.client_url():
             print(f"offramp up: client URL {sup.client_url()} (other roles: `offramp "
                   f"credentials ROLE`)", flush=True)
-        sup.wait_ready(args.ready_timeout)
+        if not sup.wait_ready(args.ready_timeout, stopped=lambda: stop["now"]):
+            print("offramp up: stopping before ready", flush=True)
+            return 0
         print(f"offramp up: ready models={','.join(cfg.models)} "
               f"pids={json.dumps(sup.pids())}", flush=True)
         while not stop["now"]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -10,9 +12,13 @@ from collections.abc import Awaitable, Callable
 from services.common import metrics
 from services.common.memory import keep_large_buffers
 
+PARENT_PID_ENV = "OFFRAMP_PARENT_PID"  # set by `offramp up` for the services it starts
+PARENT_CHECK_S = 0.5
+
 
 def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
-    """``main(stop)`` runs until ``stop`` is set by a signal and returns after cleanup."""
+    """``main(stop)`` runs until ``stop`` is set by a signal, or by the death of the
+    ``offramp up`` that started it, and returns after cleanup."""
     keep_large_buffers()  # also for processes not started through the CLI (bench echo)
 
     async def runner() -> None:
@@ -20,7 +26,14 @@ def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await main(stop)
+        watch = None
+        if (parent := os.environ.get(PARENT_PID_ENV, "")).isdigit():
+            watch = asyncio.ensure_future(stop_when_orphaned(int(parent), stop))
+        try:
+            await main(stop)
+        finally:
+            if watch is not None:
+                watch.cancel()
 
     try:
         import uvloop
@@ -28,6 +41,19 @@ def run_service(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
         uvloop.run(runner())
     except ImportError:
         asyncio.run(runner())
+
+
+async def stop_when_orphaned(parent: int, stop: asyncio.Event) -> None:
+    """Set ``stop`` once ``parent`` is no longer this process's parent. A SIGKILLed (or
+    OOM-killed) ``offramp up`` cannot stop its services, and its home lock dies with it: the
+    services would serve on as orphans beside the next stack on the same store."""
+    while not stop.is_set():
+        if os.getppid() != parent:
+            logging.getLogger("offramp").warning(
+                "the offramp up that started this service (pid %d) is gone: stopping", parent)
+            stop.set()
+            return
+        await asyncio.sleep(PARENT_CHECK_S)
 
 
 def spawn(coro: Awaitable[None], tasks: set[asyncio.Task], log=None) -> asyncio.Task:

@@ -76,6 +76,7 @@ class EmbeddedNats:
             f.write(f"listen: 127.0.0.1:{self.port}\n"
                     f"max_payload: {MAX_PAYLOAD}\n"
                     f"jetstream {{ store_dir: \"{self.data_dir / 'jetstream'}\" }}\n"
+                    f"pid_file: \"{self.pid_file}\"\n"
                     + (self.authorization or ""))
         return conf
 
@@ -87,8 +88,32 @@ class EmbeddedNats:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGHUP)
 
+    @property
+    def pid_file(self) -> Path:
+        return self.data_dir / "nats-server.pid"
+
+    def stop_stale(self) -> bool:
+        """Stop a server left running on this data folder by a launcher that was killed
+        (its services stop by themselves; a server would hold the JetStream store). True if
+        there was one."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return False
+        if str(self.data_dir / "nats-server.conf").encode() not in cmdline:
+            return False  # the pid is another process's now
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGKILL)
+        return True
+
     def start(self, timeout: float = 10.0) -> str:
         conf = self._write_config()
+        self.stop_stale()
         log = open(self.data_dir / "nats-server.log", "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen([str(server_binary()), "-c", str(conf)], stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True,

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
@@ -28,6 +29,7 @@ from services.common.credentials import (
     with_login,
 )
 from services.common.readiness import READY_FILE_ENV, is_ready, ready_file
+from services.common.service_loop import PARENT_PID_ENV
 from services.exits.initial import initial_ramps
 from services.launcher import metrics_ports
 from services.launcher.home_lock import HomeLock
@@ -175,8 +177,13 @@ class Supervisor:
         self.url = cfg.nats_url
         self.home_lock = HomeLock(cfg.home)
 
-    def start(self) -> str:
+    def claim_home(self) -> None:
+        """Hold ``OFFRAMP_HOME`` for this stack (StackRunning if another holds it): before
+        anything is prepared or registered, so a refused stack changes nothing."""
         self.home_lock.acquire(f"offramp {sys.argv[1]}" if len(sys.argv) > 1 else "a stack")
+
+    def start(self) -> str:
+        self.claim_home()
         if self.url is None:
             # the file the children read their logins from (credentials.login_for)
             logins = ensure_logins(credentials_file(self.cfg))
@@ -253,7 +260,8 @@ class Supervisor:
             child.log_file = self.log_dir / f"{child.name}.log"
             out = open(child.log_file, "ab")  # noqa: SIM115 - owned by the child
         child.ready_file = ready_file(self.cfg.home, child.name)
-        env = {**self.env, READY_FILE_ENV: str(child.ready_file)}
+        env = {**self.env, READY_FILE_ENV: str(child.ready_file),
+               PARENT_PID_ENV: str(os.getpid())}
         if child.metrics_port is not None:
             env["OFFRAMP_METRICS_PORT"] = str(child.metrics_port)
         child.proc = subprocess.Popen(child.argv, env=env, stdout=out, stderr=out,
@@ -317,17 +325,21 @@ class Supervisor:
         return [c.name for c in self.children
                 if c.proc is None or not is_ready(c.ready_file, c.proc.pid)]
 
-    def wait_ready(self, timeout: float = 120.0) -> None:
+    def wait_ready(self, timeout: float = 120.0,
+                   stopped: Callable[[], bool] = lambda: False) -> bool:
         """Block until every served model reports ready (all stages have a live worker) and
         every service started here has subscribed (a controller that subscribes late misses
-        the telemetry of the first requests)."""
+        the telemetry of the first requests): True. False as soon as ``stopped()`` (Ctrl-C
+        while it waits); RuntimeError after ``timeout``."""
         deadline = time.monotonic() + timeout
 
-        async def check() -> bool:
+        async def check() -> bool | None:
             nc = await bus.connect(self.url, "offramp-up-ready",
                                    login=login_for(self.cfg, "client"))
             try:
                 while time.monotonic() < deadline:
+                    if stopped():
+                        return None
                     self.poll()
                     with contextlib.suppress(Exception):  # the router is still starting
                         ms = await list_models(nc, timeout=1.0)
@@ -338,11 +350,15 @@ class Supervisor:
             finally:
                 await nc.close()
 
-        if not asyncio.run(check()):
+        ready = asyncio.run(check())
+        if ready is None:
+            return False
+        if not ready:
             dead = [c.name for c in self.children if c.proc is None]
             hint = f" (logs in {self.log_dir})" if self.log_dir else ""
             raise RuntimeError(f"services not ready within {timeout:.0f}s; not running: {dead}; "
                                f"not ready: {self.not_ready()}{hint}")
+        return True
 
     def stop(self) -> None:
         for child in self.children:

@@ -39,3 +39,19 @@ def test_a_second_supervisor_starts_nothing(tmp_path):
         sup.stop()  # what `up` does on the way out: harmless
     finally:
         holder.release()
+
+
+def test_a_refused_up_prepares_and_registers_nothing(tmp_path, monkeypatch):
+    from services.cli.main import main
+
+    monkeypatch.setenv("OFFRAMP_HOME", str(tmp_path))
+    monkeypatch.delenv("OFFRAMP_DATABASE_URL", raising=False)
+    monkeypatch.delenv("OFFRAMP_NATS_URL", raising=False)
+    holder = HomeLock(tmp_path)
+    holder.acquire("offramp up")
+    try:
+        assert main(["up", "--models", "tiny"]) == 1  # refused, one error line
+        assert not (tmp_path / "offramp.db").exists()  # nothing registered in the store
+        assert not (tmp_path / "models").exists()
+    finally:
+        holder.release()

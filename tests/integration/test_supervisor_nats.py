@@ -46,3 +46,24 @@ def test_a_server_that_cannot_come_back_is_an_error(tmp_path):
         with pytest.raises(RuntimeError, match="could not be restarted"):
             sup.poll()
     sup.nats.stop()
+
+
+def test_a_server_left_by_a_killed_launcher_is_stopped_by_the_next(tmp_path):
+    left = EmbeddedNats(tmp_path / "nats")
+    left.start()  # its launcher "dies": nobody will stop this one
+    other = EmbeddedNats(tmp_path / "elsewhere")
+    other.start()  # another folder's server is not touched
+    try:
+        assert not EmbeddedNats(tmp_path / "fresh").stop_stale()
+        nxt = EmbeddedNats(tmp_path / "nats")
+        nxt.start()
+        try:
+            assert left.proc.wait(10) is not None  # the stale server stopped
+            assert nxt.proc.poll() is None and other.proc.poll() is None
+            with socket.create_connection(("127.0.0.1", nxt.port), timeout=2):
+                pass
+        finally:
+            nxt.stop()
+    finally:
+        left.stop()
+        other.stop()

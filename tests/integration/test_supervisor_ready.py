@@ -54,3 +54,15 @@ def test_await_ready_returns_once_marked_and_raises_when_the_process_dies(tmp_pa
     crashing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], env=env)
     with pytest.raises(RuntimeError, match="exited with code 3 before it was ready"):
         await_ready(tmp_path / "tuner", crashing, 30)
+
+
+def test_waiting_for_ready_ends_when_the_stack_is_told_to_stop(tmp_path):
+    from services.launcher.natsserver import EmbeddedNats
+
+    cfg = dataclasses.replace(config_mod.load(), home=tmp_path)
+    with EmbeddedNats(tmp_path / "nats") as server:
+        sup = Supervisor(cfg, Deployment(("m",)))
+        sup.url = server.url  # no router ever answers: without a stop this waits 60 s
+        calls = []  # stopped() is asked on every round; it says stop on the fourth
+        assert sup.wait_ready(60, stopped=lambda: calls.append(1) or len(calls) > 3) is False
+        assert len(calls) == 4

@@ -35,10 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "20%% of the full model's capacity)")
     bench.add_argument("--seed", type=non_negative_int, default=0,
                        help="apparate: seed of --arrivals; chaos: seed of the fuzzed messages")
-    bench.add_argument("--constraint", type=loss_share, default=0.01,
-                       help="tolerated agreement loss (0.01 = 1 %%)")
-    bench.add_argument("--budget", type=non_negative_float, default=0.02,
-                       help="ramp budget (share of the model)")
+    bench.add_argument("--constraint", type=loss_share, default=0.01, help="tolerated loss")
+    bench.add_argument("--budget", type=non_negative_float, default=0.02, help="ramp budget")
     bench.add_argument("--delay-ms", type=float, default=None,
                        help="apparate replay: how late a decided config reaches the worker "
                        "(default 100, the live round trip; 0: at once)")

@@ -63,6 +63,22 @@ def active_set(spec: str | None, ramps: list[int], in_force: list[int] | None) -
     return chosen
 
 
+def thresholds_asked(current: dict[int, float], active: list[int], threshold: float | None,
+                     sets: list[str]) -> dict[int, float]:
+    """``current`` with ``--threshold`` applied to the active ramps and each ``--set
+    RAMP=THRESHOLD``; ValueError for a ``--set`` that is not one."""
+    out = dict(current)
+    if threshold is not None:
+        out.update(dict.fromkeys(active, threshold))
+    for s in sets:
+        ramp, _, value = s.partition("=")
+        try:
+            out[int(ramp)] = float(value)
+        except ValueError:
+            raise ValueError(f"--set {s!r}: use RAMP=THRESHOLD, e.g. --set 3=0.2") from None
+    return out
+
+
 def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | None,
                     sets: list[str], active: str | None, reason: str,
                     head_pins: list[str] | None = None, mode: str | None = None,
@@ -79,18 +95,11 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
         except ValueError as exc:
             say(f"error: {exc}")
             return 2
-        thresholds = dict(latest.thresholds) if latest else {r: 0.0 for r in ramps}
         mode = mode or (latest.mode if latest else "latency")
-        if threshold is not None:
-            thresholds.update({r: threshold for r in active_ramps})
-        for s in sets:
-            ramp, _, value = s.partition("=")
-            try:
-                thresholds[int(ramp)] = float(value)
-            except ValueError:
-                say(f"error: --set {s!r}: use RAMP=THRESHOLD, e.g. --set 3=0.2")
-                return 2
         try:
+            thresholds = thresholds_asked(dict(latest.thresholds) if latest else
+                                          dict.fromkeys(ramps, 0.0), active_ramps, threshold,
+                                          sets)
             heads = pinned_heads(store, model, dict(latest.heads) if latest else {},
                                  head_pins or [])
             if set(thresholds) - set(ramps):

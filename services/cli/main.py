@@ -37,7 +37,9 @@ COMMANDS = (up, serve, prepare, infer, generate, status, demo, bench, trace, db,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="offramp", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="offramp", description="offramp serves models with "
+                                "early exits over NATS: `offramp up` starts a stack, `offramp "
+                                "COMMAND --help` says more (README.md: quickstart, commands)")
     sub = p.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.register(sub)

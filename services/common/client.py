@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 from nats.aio.client import Client
-from nats.errors import NoRespondersError
+from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from schemas import errors, subjects
@@ -71,6 +71,9 @@ async def request_raw(nc: Client, subject: str, data: bytes, timeout: float) -> 
         resp = await (await requester(nc)).request(subject, data, timeout)
     except NoRespondersError:
         raise InferError("no_responders", f"nothing serves {subject}: is `offramp up` running?") from None
+    except MaxPayloadError:
+        raise InferError(errors.PAYLOAD_TOO_LARGE, f"the request is {len(data):,} bytes; the "
+                         f"server takes at most {nc.max_payload:,}") from None
     except NatsTimeout:
         raise InferError("timeout", f"no reply on {subject} within {timeout:.3g} s") from None
     return unpack(resp.data)

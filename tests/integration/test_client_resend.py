@@ -54,3 +54,18 @@ def test_an_unanswered_request_is_resent_with_its_id(server):
     r1 = [reply_to for rid, reply_to in attempts if rid == "r-1"]
     assert len(r1) == 2 and r1[0] != r1[1]  # same id, a new reply subject
     assert refused.code == "timeout" and [rid for rid, _ in attempts].count("r-2") == 1
+
+
+def test_a_request_over_the_servers_payload_limit_is_named_not_raised(server):
+    async def go():
+        nc = await bus.connect(server.url, "t-client")
+        try:
+            big = np.zeros(nc.max_payload, np.uint8)  # an input alone larger than the limit
+            with pytest.raises(InferError) as err:
+                await infer(nc, "m", {"x": big}, timeout=2.0)
+            return err.value
+        finally:
+            await nc.close()
+
+    err = asyncio.run(go())
+    assert err.code == "payload_too_large" and "the server takes at most" in err.message

@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     db.add_argument("sql", nargs="?", help="query: one SQL statement (- reads it from stdin)")
     db.add_argument("--format", choices=["table", "csv", "json"], default="table",
                     help="query output: aligned columns, CSV, or one JSON object per row")
-    db.add_argument("--revision")
+    db.add_argument("--revision", help="upgrade/downgrade: the target (default head / one back)")
     db.add_argument("--url", help="database URL (default: $OFFRAMP_DATABASE_URL)")
     db.set_defaults(fn=run)
 

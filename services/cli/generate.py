@@ -16,10 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "(offramp.generate.<model>)")
     gen.add_argument("model", help="e.g. smollm2-135m")
     gen.add_argument("prompt")
-    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    gen.add_argument("--ttft-slo-ms", type=float)
+    gen.add_argument("--ttft-slo-ms", type=float, help="deadline of the first token")
     gen.add_argument("--json", action="store_true", help="print every message as JSON instead")
     gen.set_defaults(fn=run)
 

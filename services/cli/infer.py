@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     inf = sub.add_parser("infer", help="send one request (a real client of the wire contract)")
     inf.add_argument("model")
     inf.add_argument("--input", help=".npy (one sample) or .npz (one array per input name)")
-    inf.add_argument("--input-name")
+    inf.add_argument("--input-name", help="the input an .npy fills (default: the model's first)")
     inf.add_argument("--text", help="a text for minilm-topics (tokenised client-side)")
     inf.add_argument("--seed", type=non_negative_int, default=0,
                      help="sample input seed when --input is absent")

@@ -13,8 +13,8 @@ SERVICES = ("router", "worker", "monitor", "profiler", "tuner", "optimizer", "he
 def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="run one service (what `up` and docker-compose start)")
     serve.add_argument("service", choices=SERVICES)
-    serve.add_argument("--model")
-    serve.add_argument("--stage", type=int, default=0)
+    serve.add_argument("--model", help="worker: the model it serves")
+    serve.add_argument("--stage", type=int, default=0, help="worker: its stage (0 = first)")
     serve.add_argument("--cuts", default="", help="comma list of block indices where stages split")
     serve.add_argument("--pool", action="store_true",
                        help="worker: no fixed stage; take one from the deployment plan in force")

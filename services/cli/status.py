@@ -136,7 +136,7 @@ def render(status: dict[str, Any]) -> str:
 def register(sub: argparse._SubParsersAction) -> None:
     st = sub.add_parser("status", help="workers, queues, exit configs, recent latency, "
                         "metrics ports")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="everything as one JSON document")
     st.set_defaults(fn=run)
 
 

@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rec.add_argument("--out", required=True, help="trace file to write (.npz)")
     rec.add_argument("--arrivals", help="arrival process to store, e.g. poisson:10 "
                      "(see services/workloads/arrivals.py)")
-    rec.add_argument("--score", default="max_softmax", help="exit score kind")
+    rec.add_argument("--score", default="max_softmax",
+                     help="exit score kind: max_softmax, entropy or margin")
     rec.add_argument("--features", action="store_true",
                      help="also store what every ramp head read (pooled features), the heads "
                      "and, for models of up to 100 classes, the final logits: what replays of "

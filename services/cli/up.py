@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--log-dir", help="write each service's log here instead of the terminal")
     up.add_argument("--adapt", action="store_true",
                     help="also run the tuner: continual exit adaptation (or OFFRAMP_ADAPT=1)")
-    up.add_argument("--ready-timeout", type=float, default=180.0)
+    up.add_argument("--ready-timeout", type=float, default=180.0, metavar="S",
+                    help="seconds to wait for every service to be ready (default 180)")
     up.set_defaults(fn=run)
 
 

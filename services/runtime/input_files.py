@@ -27,8 +27,10 @@ def read_arrays(path: Path, npy_name: str) -> dict[str, np.ndarray]:
         with data:
             return {k: data[k] for k in data.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise InputFileError(f"{path} is not a readable .npy or .npz file of plain arrays "
-                             f"({exc})") from None
+        # numpy takes any file that is not an array file for a pickle: say what it is not
+        why = "" if "pickle" in str(exc) else f" ({exc})"
+        raise InputFileError(f"{path} is not a readable .npy or .npz file of plain arrays"
+                             f"{why}") from None
 
 
 def read_inputs(path: Path, inputs: list[TensorSpec]) -> dict[str, np.ndarray]:

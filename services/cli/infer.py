@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         inputs = _file_sample(cfg.models_dir, args.model, Path(args.input), args.input_name)
     elif args.text is not None:
         if args.model != "minilm-topics":
-            raise SystemExit("--text needs a text model (minilm-topics)")
+            raise SystemExit("error: --text needs a text model (minilm-topics)")
         from services.zoo.minilm_topics import CATEGORIES, encode_texts
         inputs = {k: v[0] for k, v in encode_texts([args.text]).items()}
         labels = list(CATEGORIES)

@@ -63,7 +63,8 @@ def test_live_bench_runs_every_policy_on_the_same_stream(models_dir, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--live", "--json", "x.json"], "--workload"),
     (["--live", "--workload", "video", "--trace", "t.npz", "--json", "x.json"], "not both"),
-    (["--live", "--workload", "video", "--requests", "0", "--json", "x.json"], "positive"),
+    (["--live", "--workload", "video", "--requests", "0", "--json", "x.json"],
+     "argument --requests: must be >= 1"),
     (["--live", "--workload", "video", "--repeat", "0", "--json", "x.json"], "positive"),
     (["--json", "x.json"], "--trace FILE"),
     (["--live", "--workload", "video", "--json", "x.json", "--plot", "p.png"], "use .svg"),

@@ -18,7 +18,6 @@ def config_with_models(models: str | None) -> config_mod.Config:
     return cfg
 
 
-
 def non_negative_int(text: str) -> int:
     value = _number(text, int)
     if value < 0:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from schemas.messages import SCORE_KINDS
 from services.runtime.manifest import TensorSpec
 
 
@@ -45,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rec.add_argument("--arrivals", help="arrival process to store, e.g. poisson:10 "
                      "(see services/workloads/arrivals.py)")
     rec.add_argument("--score", default="max_softmax",
-                     help="exit score kind: max_softmax, entropy or margin")
+                     help=f"exit score kind: {', '.join(SCORE_KINDS)}")
     rec.add_argument("--features", action="store_true",
                      help="also store what every ramp head read (pooled features), the heads "
                      "and, for models of up to 100 classes, the final logits: what replays of "

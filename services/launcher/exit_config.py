@@ -90,13 +90,9 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
             say(f"error: model {model!r} is not registered (run `offramp up` or `offramp prepare`)")
             return 2
         latest = store.latest_exit_config(model)
-        try:
-            active_ramps = active_set(active, ramps, None if latest is None else latest.active)
-        except ValueError as exc:
-            say(f"error: {exc}")
-            return 2
         mode = mode or (latest.mode if latest else "latency")
         try:
+            active_ramps = active_set(active, ramps, None if latest is None else latest.active)
             thresholds = thresholds_asked(dict(latest.thresholds) if latest else
                                           dict.fromkeys(ramps, 0.0), active_ramps, threshold,
                                           sets)

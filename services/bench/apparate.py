@@ -24,6 +24,7 @@ from services.bench.plot import ROLL, draw
 from services.bench.report import machine
 from services.common import config
 from services.common.stats import percentile
+from services.sim import head_ceiling
 from services.sim.fixed_ceiling import OBJECTIVES, best_fixed, held_out
 from services.sim.replay import (
     DECISION_DELAY_S,
@@ -113,6 +114,9 @@ def add_views(doc: dict[str, Any], args: argparse.Namespace, results: dict[str, 
     if getattr(args, "ceiling", False):
         print("searching the best fixed configs in hindsight ...", file=sys.stderr, flush=True)
         doc["ceiling"] = ceilings(trace, args.constraint, args.budget)
+        if trace.features is not None:
+            print("refitting every head in hindsight ...", file=sys.stderr, flush=True)
+            doc["learned_ceiling"] = learned_ceilings(trace, args.constraint, args.budget)
 
 
 def ceilings(trace: Trace, constraint: float, budget: float) -> dict[str, dict]:
@@ -133,6 +137,44 @@ def ceilings(trace: Trace, constraint: float, budget: float) -> dict[str, dict]:
                 best["held_out"] = held_out(*halves, profile, c, budget, objective).as_dict()
             out[f"{objective}@{label}"] = best
     return out
+
+
+def learned_ceilings(trace: Trace, constraint: float, budget: float) -> dict[str, dict]:
+    """The best fixed configs over heads refitted in hindsight (``sim/head_ceiling.py``):
+    by an ideal online learner (``causal``) and cross-fitted on both sides (``crossfit``),
+    each with its heads' agreement per site."""
+    out = {}
+    for name, refitted in (("causal", head_ceiling.causal(trace)),
+                           ("crossfit", head_ceiling.crossfit(trace))):
+        window, profile = refitted.window(tuple(range(refitted.n_sites))), refitted.profile()
+        out[name] = {"agreement_by_site": head_ceiling.agreement_by_site(refitted),
+                     **{f"{o}@constraint": best_fixed(window, profile, constraint, budget,
+                                                      o).as_dict() for o in OBJECTIVES}}
+    out["causal"]["learner"] = {"window": head_ceiling.WINDOW, "delay": head_ceiling.DELAY,
+                                "every": head_ceiling.EVERY}
+    out["crossfit"]["block"] = head_ceiling.BLOCK
+    return out
+
+
+def learned_ceiling_table(doc: dict[str, Any]) -> list[str]:
+    if "learned_ceiling" not in doc:
+        return []
+    lc = doc["learned_ceiling"]
+    c, x = lc["causal"]["learner"], lc["crossfit"]["block"]
+    lines = [("the same over heads refitted in hindsight: causal = an ideal online learner "
+              f"(every label {c['delay']} samples late, a refit every {c['every']} on the newest "
+              f"{c['window']}, free); crossfit = heads that learned the {x}-sample blocks on "
+              "both sides of each sample's:")]
+    for name in ("causal", "crossfit"):
+        agree = " ".join(f"{a:.2f}" for a in lc[name]["agreement_by_site"])
+        lines.append(f"  {name:<9} agreement per site {agree}")
+        for objective in OBJECTIVES:
+            b = lc[name][f"{objective}@constraint"]
+            lines.append(f"  {'':<9} {objective + '-optimal':<13} at {b['constraint']:.2%}: "
+                         f"active {list(b['active'])}, p50 {b['p50_change']:+.1%}, mean "
+                         f"{b['mean_change']:+.1%}, agreement {b['agreement']:.4f}, exits "
+                         f"{b['exit_rate']:.2f}")
+    return lines
 
 
 def ceiling_table(doc: dict[str, Any]) -> list[str]:
@@ -207,6 +249,7 @@ def table(doc: dict[str, Any]) -> str:
                      "charged (the trace has no feature_share: record it again)")
     lines += segments_table(doc)
     lines += ceiling_table(doc)
+    lines += learned_ceiling_table(doc)
     if "static" in doc:
         lines.append(f"static: one threshold {doc['static']['threshold']:.4f} for all ramps, "
                      "tuned on the first 10% of the stream")

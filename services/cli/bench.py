@@ -55,10 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="apparate replay: also report each policy over K consecutive equal "
                        "parts of the stream (e.g. 2: before and after the middle sample)")
     bench.add_argument("--ceiling", action="store_true",
-                       help="apparate replay: also find the best fixed config in hindsight (active "
-                       "set and thresholds over the whole trace, median- and mean-optimal, at the "
-                       "constraint and at the tuner's headroom): what any tuning of these heads "
-                       "could reach")
+                       help="apparate replay: the best fixed config in hindsight (median- and "
+                       "mean-optimal, at the constraint and the tuner's headroom): what tuning "
+                       "these heads could reach; with features, also over heads refitted in "
+                       "hindsight: what learning them could")
     bench.add_argument("--live", action="store_true",
                        help="apparate: run the policies live on the embedded stack (with --model and "
                        "--workload) instead of replaying a trace")

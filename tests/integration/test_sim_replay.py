@@ -111,6 +111,30 @@ def test_bench_apparate_ceiling(tmp_path, capsys) -> None:
     assert loose["p50_ms"] <= tight["p50_ms"] + 1e-9  # more tolerance never hurts the best
     text = capsys.readouterr().out
     assert "best fixed config in hindsight" in text and "held out: active" in text
+    assert "learned_ceiling" not in doc and "refitted in hindsight" not in text  # no features
+
+
+def test_bench_apparate_ceiling_over_heads_refitted_in_hindsight(tmp_path, capsys) -> None:
+    import json
+
+    from services.cli.main import main
+    from tests.unit.test_sim_refit_replay import shifted_trace
+
+    path = shifted_trace().save(tmp_path / "shifted.npz")
+    out = tmp_path / "out.json"
+    assert main(["bench", "apparate", "--trace", str(path), "--json", str(out), "--grid-rounds",
+                 "0", "--ceiling"]) == 0
+    doc = json.loads(out.read_text())
+    learned = doc["learned_ceiling"]
+    assert learned["causal"]["learner"] == {"window": 256, "delay": 4, "every": 8}
+    recorded = doc["ceiling"]["mean@constraint"]
+    for name in ("causal", "crossfit"):
+        assert len(learned[name]["agreement_by_site"]) == 2
+        best = learned[name]["mean@constraint"]
+        assert 1 - best["agreement"] <= 0.01 + 1e-12
+        assert best["mean_change"] < recorded["mean_change"] - 0.1  # the stale heads' ceiling
+    text = capsys.readouterr().out
+    assert "refitted in hindsight: causal = an ideal online learner" in text
 
 
 def test_ceilings_of_a_one_sample_trace_have_no_held_out_part() -> None:

@@ -9,8 +9,8 @@ live learning loop has. Each site's head is refitted with the tuner's own fit
 - :func:`causal`: an ideal online learner. Every sample's label comes back ``delay`` samples
   late (live: a quarter of them, after about a tenth of a second), and every ``every``
   samples the head is refitted on the newest ``window`` labels, at no cost and with no
-  judgement of the candidate. Its figure bounds what ``offramp+refit`` can reach with its
-  own fit.
+  judgement of the candidate: more than ``offramp+refit`` can hope for with the same fit
+  (a quarter of the labels, a round every 64 of them, each candidate judged first).
 - :func:`crossfit`: more than any online learner can know. Blocks of ``block`` consecutive
   samples alternate between two folds, and each fold is answered by the head fitted on the
   other: no sample by a head that learned it, but every one by a head that learned its

@@ -6,15 +6,17 @@ linear head on the same pooled features gets from the stream itself, under condi
 live learning loop has. Each site's head is refitted with the tuner's own fit
 (``tuner.refit.refit``, warm-started from the prepared head) in one of two ways:
 
-- :func:`causal`: an ideal online learner. Every sample's label comes back ``delay`` samples
-  late (live: a quarter of them, after about a tenth of a second), and every ``every``
-  samples the head is refitted on the newest ``window`` labels, at no cost and with no
-  judgement of the candidate: more than ``offramp+refit`` can hope for with the same fit
-  (a quarter of the labels, a round every 64 of them, each candidate judged first).
+- :func:`causal`: an online learner ideal in labels and cadence. Every sample's label comes
+  back ``delay`` samples late (live: a quarter of them, after about a tenth of a second), and
+  every ``every`` samples the prepared head is refitted on the newest ``window`` labels, at
+  no cost and with no judgement of the candidate (``offramp+refit``: a quarter of the
+  labels, a round every 64 of them, each candidate judged first). It remembers nothing
+  older than its window, so on a model whose ramps never trained it forgets every scene
+  that has passed; there ``offramp+refit``, which keeps earlier heads, can do better.
 - :func:`crossfit`: more than any online learner can know. Blocks of ``block`` consecutive
   samples alternate between two folds, and each fold is answered by the head fitted on the
   other: no sample by a head that learned it, but every one by a head that learned its
-  neighbours on both sides, the future included.
+  neighbours on both sides and half of the rest of the stream, the future included.
 
 The trace with those answers goes through the same fixed-config search, with thresholds
 chosen in hindsight too. No clock and no I/O: a trace in, a trace out.

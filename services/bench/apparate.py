@@ -147,7 +147,7 @@ def learned_ceilings(trace: Trace, constraint: float, budget: float) -> dict[str
     for name, refitted in (("causal", head_ceiling.causal(trace)),
                            ("crossfit", head_ceiling.crossfit(trace))):
         window, profile = refitted.window(tuple(range(refitted.n_sites))), refitted.profile()
-        out[name] = {"agreement_by_site": head_ceiling.agreement_by_site(refitted),
+        out[name] = {"agreement_by_site": refitted.agreement_by_site(),
                      **{f"{o}@constraint": best_fixed(window, profile, constraint, budget,
                                                       o).as_dict() for o in OBJECTIVES}}
     out["causal"]["learner"] = {"window": head_ceiling.WINDOW, "delay": head_ceiling.DELAY,

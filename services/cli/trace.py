@@ -103,12 +103,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     path = trace.save(args.out)
-    agree = (trace.ramp_pred == trace.final_pred).mean(axis=1)
     share = trace.meta.get("feature_share")
     fed = "" if share is None else f"; features add {share:.1%} to a run that publishes them"
     print(f"{path}: {trace.n_samples} samples x {trace.n_sites} ramps; full model "
           f"{trace.prefix_ms[-1]:.2f} ms; ramp agreement "
-          + " ".join(f"{a:.2f}" for a in agree) + fed)
+          + " ".join(f"{a:.2f}" for a in trace.agreement_by_site()) + fed)
     return 0
 
 

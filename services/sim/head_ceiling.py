@@ -58,7 +58,7 @@ def hindsight_targets(trace: Trace) -> np.ndarray:
     return softmax(np.asarray(logits, np.float32) / float(temperature))
 
 
-def _refitted(trace: Trace, fits: list[tuple[np.ndarray, slice | np.ndarray]],
+def _refitted(trace: Trace, fits: list[tuple[slice | np.ndarray, slice | np.ndarray]],
               cfg: RefitConfig) -> Trace:
     """``trace`` with each site answering the samples of every (fit on, answer) pair of
     ``fits`` by its prepared head refitted on the former."""
@@ -103,8 +103,3 @@ def causal(trace: Trace, window: int = WINDOW, delay: int = DELAY, every: int = 
         if stop >= MIN_LABELS:
             fits.append((slice(max(0, stop - window), stop), slice(start, start + every)))
     return _refitted(trace, fits, cfg)
-
-
-def agreement_by_site(trace: Trace) -> list[float]:
-    """Each site's top-1 agreement with the final model over the whole trace."""
-    return [float(a) for a in (trace.ramp_pred == trace.final_pred[None]).mean(axis=1)]

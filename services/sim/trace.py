@@ -173,6 +173,10 @@ class Trace:
     def profile(self) -> LatencyProfile:
         return LatencyProfile.build(self.prefix_ms, self.ramp_cost_ms)
 
+    def agreement_by_site(self) -> list[float]:
+        """Each site's top-1 agreement with the final model over the whole trace."""
+        return [float(a) for a in (self.ramp_pred == self.final_pred[None]).mean(axis=1)]
+
     def window(self, ramp_ids: tuple[int, ...], start: int = 0, stop: int | None = None
                ) -> ExitWindow:
         """Samples [start, stop) as the tuner would see them with ``ramp_ids`` active."""

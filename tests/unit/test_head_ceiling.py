@@ -44,23 +44,23 @@ def test_the_online_learner_never_answers_with_a_label_that_has_not_come_back() 
     tr = new_class_every(scene=8, n=400)
     # refits every 8 samples, at each scene's start: the labels back are all of past scenes
     ideal = hc.causal(tr, window=64, delay=0, every=8)
-    assert hc.agreement_by_site(ideal)[0] == 0.0
+    assert ideal.agreement_by_site()[0] == 0.0
     # the same learner a little out of step with the scenes learns each from its own start
     late = hc.causal(tr, window=64, delay=0, every=4)
-    assert hc.agreement_by_site(late)[0] == pytest.approx(0.5, abs=0.03)
+    assert late.agreement_by_site()[0] == pytest.approx(0.5, abs=0.03)
     # ... unless the labels come back later than the scene lasts
-    assert hc.agreement_by_site(hc.causal(tr, window=64, delay=8, every=4))[0] == 0.0
+    assert hc.causal(tr, window=64, delay=8, every=4).agreement_by_site()[0] == 0.0
     # the cross-fit learns every scene from the other half of it
-    assert hc.agreement_by_site(hc.crossfit(tr, block=4))[0] >= 0.99
+    assert hc.crossfit(tr, block=4).agreement_by_site()[0] >= 0.99
     assert ideal.meta["trained"] == [True]  # a cold ramp has learned now
     assert tr.meta["trained"] == [False] and (tr.ramp_pred == 0).all()  # the input is left as is
 
 
 def test_refitted_heads_lift_the_fixed_ceiling_of_stale_heads() -> None:
     tr = shifted_trace()  # heads prepared on another stream; the features still separate
-    before = hc.agreement_by_site(tr)
+    before = tr.agreement_by_site()
     for refitted in (hc.causal(tr), hc.crossfit(tr)):
-        after = hc.agreement_by_site(refitted)
+        after = refitted.agreement_by_site()
         assert all(a > b + 0.2 for a, b in zip(after, before, strict=True))
         sites = tuple(range(tr.n_sites))
         old = best_fixed(tr.window(sites), tr.profile(), 0.01, 1.0, "mean")

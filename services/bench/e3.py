@@ -1,8 +1,9 @@
 """``offramp bench e3 --sim``: vanilla vs naive early exit vs E3, simulated (E3 §5.1, §5.4).
 
     offramp bench e3 --sim --json OUT [--model chain-cnn|minilm-topics] [--devices 16,48]
-        [--device-profile FILE] [--batches 1,4,8,16] [--mixes 80/20,50/50,20/80]
-        [--seed N] [--requests N] [--slo-ms MS] [--constraint 0.01]
+        [--device-profile FILE | --gpu-curve ID] [--batches 1,4,8,16]
+        [--mixes 80/20,50/50,20/80] [--seed N] [--trace-seed N] [--requests N]
+        [--slo-ms MS] [--constraint 0.01]
 
 A simulation (``services.sim.e3_sim``), not a live run: the live half, on real pool
 workers, does not exist yet (without ``--sim`` the command says so and exits 2).
@@ -132,7 +133,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             "mixes": mixes, "requests": requests, "seed": int(getattr(args, "seed", 0) or 0),
             "slo_ms": slo, "constraint": float(getattr(args, "constraint", 0.01)),
             "device_profile": getattr(args, "device_profile", None),
-            "gpu_curve": getattr(args, "gpu_curve", None)}
+            "gpu_curve": getattr(args, "gpu_curve", None),
+            "trace_seed": int(getattr(args, "trace_seed", None) or inputs.TRACE_SEED)}
 
 
 def build_setup(opt: dict[str, Any], say: inputs.Say) -> Setup:
@@ -146,7 +148,8 @@ def build_setup(opt: dict[str, Any], say: inputs.Say) -> Setup:
         raise ValueError(f"{opt['model']} is not prepared under {model_dir.parent} "
                          f"(run `offramp prepare {opt['model']}`)")
     manifest = Manifest.load(model_dir)
-    trace, trace_path, cached = inputs.model_trace(model_dir, manifest, say)
+    trace, trace_path, cached = inputs.model_trace(model_dir, manifest, say,
+                                                   seed=opt["trace_seed"])
     ids = sorted(r.index for r in manifest.ramps)
     prof = inputs.measured_profile(model_dir, manifest, say)
     cpu_table, cpu_full = inputs.profile_table(prof, manifest.num_blocks, ids)
@@ -154,9 +157,10 @@ def build_setup(opt: dict[str, Any], say: inputs.Say) -> Setup:
     cpu = inputs.ClassProfile(device_class("cpu"), cpu_table, False,
                               f"measured on this machine ({prof['how']})", link=link,
                               per_device_links=False)
+    mmacs = inputs.model_mmacs(model_dir, manifest)
     first = (inputs.file_class(Path(opt["device_profile"]), cpu_table, cpu_full)
-             if opt["device_profile"] else inputs.gpu_class(cpu_table, cpu_full,
-                                                            subnet=opt["gpu_curve"]))
+             if opt["device_profile"] else
+             inputs.gpu_class(cpu_table, cpu_full, subnet=opt["gpu_curve"], model_mmacs=mmacs))
     th, exit_info = inputs.tuned_thresholds(trace, opt["constraint"])
     # a tuner that adapts starts where its own tunes land: headroom below the constraint
     start, start_info = inputs.tuned_thresholds(trace, DEFAULT_TUNE_SHARE * opt["constraint"])
@@ -180,6 +184,7 @@ def build_setup(opt: dict[str, Any], say: inputs.Say) -> Setup:
                       "measured CPU table; hard: a later ramp or the final layer",
                       "ramp_cost_fraction": [round(float(x), 4) for x in frac]}}
     info["bus"] = bus
+    info["model_mmacs"] = round(mmacs, 1)
     return Setup(opt["model"], trace, th, start, useful, ramp_after, (first, cpu),
                  inputs.activation_bytes(manifest, ids), np.flatnonzero(easy),
                  np.flatnonzero(~easy), info)

@@ -16,11 +16,19 @@
   (it re-tunes on what it serves). As a check of how far that is from held-out data, the
   same climb on the first half is evaluated on the second half (reported, not used).
 - **Modeled GPU class**: ``../shared/data/a40-ofa-resnet50.json`` beside the project
-  (``GPU_CURVES``), the forward-pass curve of its largest subnet (the full OFA-ResNet50 on an NVIDIA A40):
-  this machine's block and head times scaled at each batch size by A40 / this machine's
-  whole model (``e3_policies.modeled_table``). Labelled modeled everywhere. That curve is
-  the file's steepest (batch 16 costs 4.1x batch 1); ``--gpu-curve ID`` takes another
-  subnet's (1.6-2.6x: a smaller network leaves more of the GPU idle at small batches).
+  (``GPU_CURVES``): the A40 forward-pass curve of the published OFA-ResNet50 subnet
+  *nearest the model in compute* (multiply-accumulates per sample, log scale;
+  :func:`nearest_subnet`), this machine's block and head times scaled at each batch size
+  by A40 / this machine's whole model (``e3_policies.modeled_table``). Labelled modeled
+  everywhere. Why by compute: how flat a GPU's batch curve is depends on how much of the
+  GPU one sample's work fills, so a 0.1-GMAC CNN on the full OFA-ResNet50's curve (batch
+  16 at 4.1x batch 1, a 7-GMAC network saturating the A40 by batch 4) would be modeled
+  as saturating a GPU it leaves mostly idle. The model's MACs are counted on its ONNX
+  blocks (``services.runtime.onnx_macs``); a subnet's are its FLOPs budget
+  (``mflops_limit``, what the search filled to within 0.1 %), the smallest's
+  (``SMALLEST_SUBNET_MMACS``) and the unbudgeted full network's (``FULL_SUBNET_MMACS``)
+  counted from the dimensions the public file lists. ``--gpu-curve ID`` takes a subnet's
+  curve by id instead (batch 16 at 1.6-4.1x batch 1 over the six).
 - **--device-profile FILE** replaces that class. JSON, either measured-style tables::
 
       {"name": "my-gpu", "modeled": false, "cost_per_s": 1.0, "batch_sizes": [1, 4, 16],
@@ -53,6 +61,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -78,6 +87,12 @@ CONSTANT_LINK = (f"constant, modeled (not measured): {1e-6 / MS_PER_BYTE:g} GB/s
 # the reference data beside the project (``../shared/data``, see its README)
 GPU_CURVES = Path(__file__).resolve().parents[3] / "shared" / "data" / "a40-ofa-resnet50.json"
 GPU_CLASS = "a40-modeled"
+# Multiply-accumulates of the two published subnets without a FLOPs budget, counted (ad hoc,
+# OFA's ResNet50 layer formulas) from the dimensions listed in the public file the curves
+# come from; the same count gives subnet 4's published 3,999.5 MMACs exactly and subnet 1's
+# 1,487.9 within 4.3 %.
+SMALLEST_SUBNET_MMACS = 962.0  # subnet 0: depth 0, expand 0.2, width 0.65 everywhere
+FULL_SUBNET_MMACS = 7491.6  # subnet 5: the largest (depth 2, expand 0.35, width 1.0)
 
 Say = Callable[[str], None]
 
@@ -205,26 +220,50 @@ def profile_table(doc: dict[str, Any], n_blocks: int,
     return LatencyTable.build(sizes, blocks, heads), full
 
 
-def gpu_class(cpu: LatencyTable, cpu_full: dict[int, float],
-              path: Path = GPU_CURVES, subnet: int | None = None) -> ClassProfile:
-    """The modeled A40 class (see the module docstring); ``subnet`` picks another of the
-    published curves (``--gpu-curve``, the file's subnet id) than the full network's."""
+def subnet_mmacs(sub: dict[str, Any]) -> float:
+    """A published subnet's compute, MMACs per sample (see the module docstring)."""
+    limit = sub.get("mflops_limit")
+    if limit is None:
+        return FULL_SUBNET_MMACS
+    return float(limit) if limit > 0 else SMALLEST_SUBNET_MMACS
+
+
+def nearest_subnet(subnets: list[dict[str, Any]], model_mmacs: float) -> dict[str, Any]:
+    """The subnet whose compute is nearest ``model_mmacs`` on a log scale (ties: the
+    larger, whose curve is the steeper and so the less generous to E3)."""
+    if not model_mmacs > 0:
+        raise ValueError(f"a model's compute must be positive, got {model_mmacs} MMACs")
+    return min(subnets, key=lambda s: (abs(math.log(subnet_mmacs(s) / model_mmacs)),
+                                       -subnet_mmacs(s)))
+
+
+def gpu_class(cpu: LatencyTable, cpu_full: dict[int, float], path: Path = GPU_CURVES,
+              subnet: int | None = None, model_mmacs: float | None = None) -> ClassProfile:
+    """The modeled A40 class (see the module docstring): the curve of ``subnet`` (the
+    file's subnet id, ``--gpu-curve``), else of the subnet nearest ``model_mmacs``, else
+    (neither given) of the full network."""
     if not path.is_file():
         raise ValueError(f"no GPU batch curves at {path}: give a class with "
                          "--device-profile FILE")
     doc = json.loads(path.read_text())
-    if subnet is None:
-        sub = max(doc["subnets"], key=lambda s: (s["mflops_limit"] is None, s["imagenet_top1"]))
-    else:
+    if subnet is not None:
         sub = next((s for s in doc["subnets"] if s["id"] == subnet), None)
         if sub is None:
             raise ValueError(f"--gpu-curve {subnet}: {path.name} has subnets "
                              f"{[s['id'] for s in doc['subnets']]}")
+        why = f"subnet {subnet} as asked (--gpu-curve)"
+    elif model_mmacs is not None:
+        sub = nearest_subnet(doc["subnets"], model_mmacs)
+        why = (f"subnet {sub['id']} ({subnet_mmacs(sub):,.0f} MMACs), the nearest in compute "
+               f"to the model's {model_mmacs:,.1f} MMACs per sample")
+    else:
+        sub = max(doc["subnets"], key=subnet_mmacs)
+        why = f"subnet {sub['id']}, the full network"
     curve = {int(b): float(v) for b, v in sub["forward_ms"].items()}
     table, ratio = modeled_table(cpu, cpu_full, curve)
     src = (f"modeled: this machine's measured block/head times x (A40 forward_ms of OFA-ResNet50 "
            f"subnet {sub['id']} / this machine's measured whole model) per batch size, from "
-           f"{path.name} ({doc['device']})")
+           f"{path.name} ({doc['device']}); {why}")
     name = GPU_CLASS if subnet is None else f"a40-subnet{subnet}-modeled"
     return ClassProfile(name, table, True, src, 1.0, ratio)
 
@@ -259,20 +298,22 @@ def _file_class(doc: dict[str, Any], path: Path, cpu: LatencyTable,
                         cost, None, link, per_device)
 
 
-def model_trace(model_dir: Path, manifest, say: Say = say_stderr,
-                n: int | None = None) -> tuple[Trace, Path, bool]:
-    """The model's trace over its workload (cached; see the module docstring)."""
+def model_trace(model_dir: Path, manifest, say: Say = say_stderr, n: int | None = None,
+                seed: int = TRACE_SEED) -> tuple[Trace, Path, bool]:
+    """The model's trace over ``n`` inputs of its workload drawn with ``seed`` (cached; see
+    the module docstring)."""
     from services.sim.trace import record_trace
 
     n = TRACE_SAMPLES if n is None else n
-    path = cache_dir() / f"trace-{manifest.name}-{manifest.version}-n{n}-s{TRACE_SEED}.npz"
+    path = cache_dir() / f"trace-{manifest.name}-{manifest.version}-n{n}-s{seed}.npz"
     if path.is_file():
         say(f"trace of {manifest.name}: {path} (cached)")
         return Trace.load(path), path, True
-    chunks, about = model_inputs(manifest, n, TRACE_SEED)
-    say(f"recording a trace of {manifest.name} over {n} {about['workload']} inputs ...")
+    chunks, about = model_inputs(manifest, n, seed)
+    say(f"recording a trace of {manifest.name} over {n} {about['workload']} inputs "
+        f"(seed {seed}) ...")
     tr = record_trace(model_dir, chunks, progress=say, total=n, device="cpu",
-                      meta={"seed": TRACE_SEED, **about})
+                      meta={"seed": seed, **about})
     tr.save(path)
     return tr, path, False
 
@@ -317,6 +358,19 @@ def bus_link(say: Say = say_stderr) -> tuple[tuple[float, float, str], dict[str,
         f"message + {1e-6 / max(doc['ms_per_byte'], 1e-15):.2f} GB/s ({doc['cache']})")
     src = f"measured on this machine {doc['measured_at']}: {doc['how']}"
     return (doc["ms_per_byte"], doc["fixed_ms"], src), doc
+
+
+def model_mmacs(model_dir: Path, manifest) -> float:
+    """Multiply-accumulates per sample of the model's blocks, in millions, on one real
+    input of its workload (``services.runtime.onnx_macs``)."""
+    from services.runtime.onnx_macs import chain_macs
+
+    chunks, _ = model_inputs(manifest, 1, TRACE_SEED)
+    count = chain_macs(Path(model_dir), manifest, {k: v[:1] for k, v in next(iter(chunks)).items()})
+    if count.unknown:
+        raise ValueError(f"cannot count the compute of {manifest.name}: no shapes for "
+                         f"{', '.join(count.unknown[:3])}; pick a curve with --gpu-curve ID")
+    return count.macs / 1e6
 
 
 def seq_len_of(manifest) -> int:

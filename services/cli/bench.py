@@ -208,7 +208,11 @@ def e3_arguments(bench: argparse.ArgumentParser) -> None:
                        "instead of the A40 class modeled from ../shared/data")
     bench.add_argument("--gpu-curve", type=int, metavar="ID",
                        help="e3 --sim: the OFA-ResNet50 subnet (0-5) of ../shared/data whose A40 "
-                       "batch curve models the GPU class (default: the full network's, 5)")
+                       "batch curve models the GPU class (default: the subnet nearest the model "
+                       "in multiply-accumulates per sample)")
+    bench.add_argument("--trace-seed", type=int, metavar="N",
+                       help="e3 --sim: the workload seed of the recorded trace the easy and "
+                       "hard pools and the exit config come from (default 1)")
     bench.add_argument("--batches", metavar="B,...", help="e3: batch sizes (default 1,4,8,16)")
     bench.add_argument("--mixes", metavar="EASY/HARD,...",
                        help="e3: easy/hard mixes (default 80/20,50/50,20/80; the first is "

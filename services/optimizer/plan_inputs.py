@@ -146,10 +146,20 @@ def problem(geo: ModelGeometry, forecast: Mapping[int, float],
     chain = ModelChain(geo.n_blocks, geo.ramp_after, survival(geo, forecast, current))
     classes = tuple(DeviceClass(d, len(ids), tables[d]) for d, ids in inventory.items()
                     if d in tables)
+    if math.isinf(rate):  # not measured yet (``replan.UNMEASURED``): the most the pool serves
+        rate = pool_bound(classes, t.batch)
     return Problem(chain, classes, rate=max(rate * t.headroom, 1e-3), slo_ms=t.slo_ms,
                    batch=t.batch,
                    slack=t.slack, alpha=t.alpha,
                    transfer=Transfer(geo.bytes_per_sample, t.ms_per_byte, t.fixed_ms))
+
+
+def pool_bound(classes: Sequence[DeviceClass], batch: int) -> float:
+    """Requests per second no plan on ``classes`` can exceed: every device running only
+    the first block on full batches (every request passes it). Planning for it yields the
+    plan with the most goodput the pool has."""
+    return sum(c.count * 1000.0 * batch / max(float(c.latency.blocks_at(batch)[0]), 1e-9)
+               for c in classes) or 1e-3
 
 
 def assign(plan: DeploymentPlan, inventory: Mapping[str, Sequence[str]],

@@ -3,10 +3,16 @@ change), pure: the first time, when the pool inventory changed (a worker joined,
 was marked a straggler) or a device class got its latency profile, when a batch-profile
 window drifted from its forecast since the last plan, when the request rate moved by more
 than ``RATE_CHANGE`` since the plan, and on a timer.
+
+A stream younger than one profile window has no rate yet (:data:`UNMEASURED`): a plan
+sized for the few requests seen so far would start a burst on one replica and leave the
+rest of the pool idle until the next look, so until then the plan is the most the pool
+can serve, and the first measured rate re-plans it down.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,6 +22,7 @@ DEFAULT_INTERVAL_S = 120.0
 # sized by the rate, and E3's batch fill time too; half again or half less changes both.
 RATE_CHANGE = 0.5
 MIN_RATE = 1.0  # below this (req/s) the rate is noise: no re-plan for it
+UNMEASURED = math.inf  # the rate of a stream younger than a window: plan for the whole pool
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,8 @@ def inventory_change(old: Mapping[str, Sequence[str]],
 
 
 def rate_moved(planned: float, now: float) -> bool:
+    if math.isinf(planned) or math.isinf(now):  # measured now, or no longer
+        return math.isinf(planned) != math.isinf(now)
     if max(planned, now) < MIN_RATE:
         return False
     return abs(now - planned) > RATE_CHANGE * max(planned, MIN_RATE)
@@ -50,13 +59,15 @@ def rate_moved(planned: float, now: float) -> bool:
 def request_rate(count: int, span_s: float, first_age_s: float | None,
                  floor_s: float) -> float:
     """Requests per second over the last ``span_s`` seconds, which held ``count`` requests,
-    the first ``first_age_s`` ago: over the part of the span since that first request (at
-    least ``floor_s``, so a handful of requests is not a burst), so a stream that began
-    within the span is not diluted by the quiet before it and replicas follow it a window
-    sooner."""
+    the first ``first_age_s`` ago: over the part of the span since that first request, so
+    a stream that began within the span is not diluted by the quiet before it. A stream
+    younger than ``floor_s`` (one window) is :data:`UNMEASURED`: a handful of requests
+    does not tell a trickle from the start of a burst. No requests: 0."""
     if count <= 0 or first_age_s is None:
         return 0.0
-    return count / min(span_s, max(floor_s, first_age_s))
+    if first_age_s < floor_s:
+        return UNMEASURED
+    return count / min(span_s, first_age_s)
 
 
 def replan_reason(basis: Basis | None, now: float, inventory: Mapping[str, Sequence[str]],

@@ -11,6 +11,7 @@ resumes from the newest stored plan (its inputs say what it was made from).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,7 +26,7 @@ from services.common import bus, gc_pauses, logs
 from services.common.config import Config
 from services.common.readiness import mark_ready
 from services.optimizer import plan_inputs as pi
-from services.optimizer.replan import Basis, replan_reason, request_rate
+from services.optimizer.replan import UNMEASURED, Basis, replan_reason, request_rate
 from services.optimizer.splits import plan as make_plan
 from services.optimizer.sticky_ramps import StageKey, keep_running, running_sites
 from services.optimizer.stragglers import StragglerWatch
@@ -115,7 +116,8 @@ class Optimizer:
         return plan, True
 
     def rate(self, model: str) -> float:
-        """Requests per second over the last few profile windows."""
+        """Requests per second over the last few profile windows (``replan.UNMEASURED``
+        while the stream is younger than one)."""
         span, now = RATE_WINDOWS * self.cfg.profile_window_s, utcnow()
         stats = self.store.request_stats(model, now - timedelta(seconds=span))
         first = stats["first_at"]
@@ -140,7 +142,7 @@ class Optimizer:
             (f"; device classes without a latency profile: {', '.join(unprofiled)}"
              if unprofiled else "")
         probe = [r for r in geo.ramp_ids if r not in forecast]
-        inputs = {"rate_rps": rate, "headroom": self.targets.headroom,
+        inputs = {"rate_rps": None if math.isinf(rate) else rate, "headroom": self.targets.headroom,
                   "slo_ms": self.targets.slo_ms, "batch": self.targets.batch,
                   "slack": self.targets.slack, "alpha": self.targets.alpha,
                   "inventory": {d: list(ids) for d, ids in inventory.items()},
@@ -151,6 +153,8 @@ class Optimizer:
                            "fixed_ms": self.targets.fixed_ms, "source": "constant, modeled"},
                   "drift_seen": None if drift is None else drift.isoformat(),
                   "made_at": now, "optimizer_ms": optimizer_ms, "planner": dp.reason}
+        if math.isinf(rate):
+            why += "; the request rate is not measured yet: sized for the whole pool"
         msg = pi.to_message(model, 1, why, geo, dp, workers, problem.hold_ms, now,
                             {"probe_ramps": probe}, probe)
         row = self.store.save_plan(model, why, dp.feasible, dp.goodput, dp.latency_ms, dp.cost,
@@ -187,7 +191,15 @@ def basis_of(row: dict[str, Any]) -> Basis:
     inventory = {d: tuple(ids) for d, ids in (inputs.get("inventory") or {}).items()}
     return Basis(float(inputs.get("made_at", 0.0)), inventory,
                  None if drift is None else datetime.fromisoformat(drift),
-                 frozenset(inputs.get("profiled") or ()), float(inputs.get("rate_rps", 0.0)))
+                 frozenset(inputs.get("profiled") or ()), _planned_rate(inputs))
+
+
+def _planned_rate(inputs: dict[str, Any]) -> float:
+    """The rate a stored plan was sized for (None: not measured yet, the whole pool)."""
+    if "rate_rps" not in inputs:
+        return 0.0
+    rate = inputs["rate_rps"]
+    return UNMEASURED if rate is None else float(rate)
 
 
 def running_ramps(row: dict[str, Any] | None, geo: pi.ModelGeometry) -> dict[StageKey, tuple[int, ...]]:

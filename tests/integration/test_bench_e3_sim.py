@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from services.bench import e3, e3_inputs
@@ -109,6 +110,22 @@ def test_gpu_curve_picks_a_published_subnet_curve_and_names_it():
     assert default.table.blocks_at(16).sum() > 4 * default.table.blocks_at(1).sum()
     with pytest.raises(ValueError, match="--gpu-curve 9"):
         e3_inputs.gpu_class(cpu, full, subnet=9)
+    # by default the bench passes the model's compute: the nearest subnet's curve
+    small = e3_inputs.gpu_class(cpu, full, model_mmacs=86.3)
+    assert small.name == "a40-modeled" and "subnet 0 (962 MMACs), the nearest" in small.source
+    assert np.allclose(small.table.block_ms, flat.table.block_ms)
+
+
+def test_the_modeled_class_follows_the_model_s_compute_on_a_log_scale():
+    subnets = json.loads(e3_inputs.GPU_CURVES.read_text())["subnets"]
+    pick = {m: e3_inputs.nearest_subnet(subnets, m)["id"]
+            for m in (10.0, 86.3, 385.2, 1250.0, 1400.0, 1650.0, 3000.0, 5000.0, 20000.0)}
+    assert pick == {10.0: 0, 86.3: 0, 385.2: 0, 1250.0: 1, 1400.0: 1, 1650.0: 2, 3000.0: 4,
+                    5000.0: 4, 20000.0: 5}
+    assert [e3_inputs.subnet_mmacs(s) for s in subnets] == [962.0, 1500, 1800, 2000, 4000,
+                                                           e3_inputs.FULL_SUBNET_MMACS]
+    with pytest.raises(ValueError, match="must be positive"):
+        e3_inputs.nearest_subnet(subnets, 0.0)
 
 
 def test_with_adapt_the_common_phase_starts_where_the_tuner_left_off(tmp_path):

@@ -18,6 +18,7 @@ from schemas.codec import unpack
 from schemas.plans import Plan
 from services.common import bus, config
 from services.launcher.natsserver import EmbeddedNats
+from services.optimizer.replan import UNMEASURED
 from services.optimizer.service import Optimizer
 from services.store import Store
 from services.store.db import utcnow
@@ -94,14 +95,42 @@ def test_inventory_change_and_drift_make_new_versions(ready: Store, tmp_path, ur
 
 
 def test_the_rate_of_a_stream_that_just_began_is_not_diluted(ready: Store, tmp_path, url):
-    """40 requests over the last 2 s of a 30 s span (3 windows of 10 s): 4 req/s over the
-    10 s floor, where the whole span would read 1.3."""
+    """A 30 s span (3 windows of 10 s): 40 requests over its last 2 s have no rate yet (a
+    stream younger than a window); 60 over its last 15 s read 4 req/s over those 15 s,
+    where the whole span would read 2."""
     opt = Optimizer(None, cfg(tmp_path, url, profile_window_s=10.0), ready, LOG)
     assert opt.rate("m") == 0.0
     now = utcnow()
     ready.add_requests([{"request_id": f"q{i}", "model": "m", "status": "ok",
                          "received_at": now - timedelta(seconds=2 * i / 40)} for i in range(40)])
-    assert opt.rate("m") == pytest.approx(4.0)
+    assert opt.rate("m") == UNMEASURED
+    ready.add_requests([{"request_id": f"r{i}", "model": "m", "status": "ok",
+                         "received_at": now - timedelta(seconds=15 * i / 19)} for i in range(20)])
+    assert opt.rate("m") == pytest.approx(60 / 15, rel=0.02)
+
+
+def test_until_the_rate_is_measured_the_plan_is_the_whole_pool_s(ready: Store, tmp_path, url):
+    """A stream's first seconds: the plan takes every pool worker (a trickle's plan would
+    leave a burst on one); once a window has passed, the measured rate sizes it down."""
+    pool(ready, "pool-c", "pool-d")
+    opt = Optimizer(None, cfg(tmp_path, url, profile_window_s=10.0), ready, LOG)
+    now = utcnow()
+    ready.add_requests([{"request_id": f"q{i}", "model": "m", "status": "ok",
+                         "received_at": now - timedelta(seconds=i / 10)} for i in range(5)])
+    plan, new = opt.consider("m", 1000.0)
+    assert new and "not measured yet: sized for the whole pool" in plan.reason
+    assert sum(len(s.workers) for s in plan.stages) == 4
+    row = ready.latest_plan("m")
+    assert row["inputs"]["rate_rps"] is None
+    restarted = Optimizer(None, cfg(tmp_path, url, profile_window_s=10.0), ready, LOG)
+    plan, new = restarted.consider("m", 1001.0)  # still unmeasured: nothing to re-plan
+    assert not new
+    ready.add_requests([{"request_id": f"r{i}", "model": "m", "status": "ok",
+                         "received_at": now - timedelta(seconds=12 + i)} for i in range(5)])
+    plan, new = restarted.consider("m", 1002.0)
+    assert new and plan.reason.startswith("load: ")
+    assert sum(len(s.workers) for s in plan.stages) < 4
+    assert ready.latest_plan("m")["inputs"]["rate_rps"] == pytest.approx(10 / 16, rel=0.05)
 
 
 def test_a_restarted_optimizer_resumes_from_the_stored_plan(ready: Store, tmp_path, url):

@@ -3,12 +3,20 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 
 import pytest
 
 from services.optimizer import plan_inputs as pi
-from services.optimizer.replan import Basis, inventory_change, replan_reason, request_rate
+from services.optimizer.replan import (
+    UNMEASURED,
+    Basis,
+    inventory_change,
+    rate_moved,
+    replan_reason,
+    request_rate,
+)
 from services.optimizer.splits import plan
 
 T = datetime(2026, 11, 26, 12, 0, 0)
@@ -122,13 +130,19 @@ def test_to_message_names_ramps_by_index_and_runs_ramps_without_a_forecast() -> 
 def test_request_rate_counts_from_the_first_request_within_the_span() -> None:
     # a steady stream over the whole 12 s span: the plain average
     assert request_rate(1200, 12.0, 12.0, 4.0) == 100.0
-    # a stream that began 6 s ago: over those seconds, not diluted by the quiet before,
-    # but never over less than the floor (one window)
+    # a stream that began 6 s ago: over those seconds, not diluted by the quiet before
     assert request_rate(570, 12.0, 6.0, 4.0) == 95.0
-    assert request_rate(190, 12.0, 1.0, 4.0) == 47.5
+    # one younger than a window has no rate yet: the plan is the whole pool's until it has
+    assert request_rate(190, 12.0, 1.0, 4.0) == UNMEASURED == math.inf
     # an old first request (a sparse stream) caps at the span; nothing: 0
     assert request_rate(12, 12.0, 30.0, 4.0) == 1.0
     assert request_rate(0, 12.0, None, 4.0) == 0.0
+
+
+def test_an_unmeasured_rate_re_plans_once_measured_and_only_then() -> None:
+    assert rate_moved(10.0, UNMEASURED) and rate_moved(UNMEASURED, 150.0)
+    assert not rate_moved(UNMEASURED, UNMEASURED)
+    assert not rate_moved(100.0, 140.0) and rate_moved(100.0, 160.0)
 
 
 def test_replan_reasons_in_order() -> None:

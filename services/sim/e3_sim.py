@@ -21,7 +21,8 @@ ramps, on ``replicas`` devices of one class (a :class:`LatencyTable`).
   stage's and the receiving stage's earliest-free device links for its duration, so a
   cut carries up to ``min(replicas before, replicas after)`` messages at once. The next stage holds the parts
   in a :class:`~services.worker.fusion.FusionBuffer` (the live workers' code) and fuses
-  them up to its target batch, earliest deadline first; a partial batch leaves when the
+  them up to its target batch, earliest deadline first, cutting the part that would pass
+  it (its rest waits for the next batch); a partial batch leaves when the
   earliest deadline leaves only the rest of the pipeline's service time, or after the
   hold limit.
 - Flow control between stages (credit, as the router gives first-stage workers): a stage
@@ -264,7 +265,7 @@ class Simulation:
 
     def _state(self, i: int, s: StageSpec) -> _StageState:
         buf = None if i == 0 else FusionBuffer(s.batch, self.remaining[i] * 1e3,
-                                              self.pipe.hold_ms)
+                                              self.pipe.hold_ms, split=_split_rows)
         rows = max(p.batch for p in self.pipe.stages[:i + 1])
         timer = BatchTimer(s, self.pipe.ramp_after, rows, len(self.pipe.ramp_after))
         before = self.pipe.stages[i - 1] if i else None
@@ -388,6 +389,10 @@ class Simulation:
         arrive = max(ready, st.send_free[i], nxt.recv_free[j]) + took
         st.send_free[i] = nxt.recv_free[j] = arrive
         return arrive
+
+
+def _split_rows(rows: list[int], k: int) -> tuple[list[int], list[int]]:
+    return rows[:k], rows[k:]
 
 
 def simulate(pipe: Pipeline, arrival_s: np.ndarray, exit_site: np.ndarray,

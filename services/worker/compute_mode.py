@@ -83,6 +83,32 @@ def fuse(batches: list[Batch]) -> tuple[Batch, np.ndarray]:
                  [s for b in batches for s in b.slos_ms], first.shadow, first.variant), starts
 
 
+def split_rows(batch: Batch, k: int) -> tuple[Batch, Batch]:
+    """``batch``'s first ``k`` rows and the rest, as two batches of the same stage (fusion
+    cuts a part at the target batch; every per-row field is cut, the rest is shared)."""
+    def cut(a: Any, sl: slice, axis: int) -> Any:
+        if a is None:
+            return None
+        a = np.asarray(a)
+        return np.ascontiguousarray(a[sl] if axis == 0 else a[..., sl])
+
+    def half(sl: slice) -> Batch:
+        return dataclasses.replace(
+            batch, ids=batch.ids[sl], inputs={n: cut(v, sl, 0) for n, v in batch.inputs.items()},
+            ramp_pred=cut(batch.ramp_pred, sl, -1), ramp_score=cut(batch.ramp_score, sl, -1),
+            exit_at=cut(batch.exit_at, sl, -1),
+            carry={n: cut(v, sl, 0) for n, v in batch.carry.items()},
+            replies=batch.replies[sl], ages_ms=batch.ages_ms[sl], slos_ms=batch.slos_ms[sl])
+
+    return half(slice(0, k)), half(slice(k, None))
+
+
+def split_part(payload: tuple[Batch, float], k: int) -> tuple[tuple[Batch, float],
+                                                                tuple[Batch, float]]:
+    head, rest = split_rows(payload[0], k)
+    return (head, payload[1]), (rest, payload[1])
+
+
 def fusable(a: Batch, b: Batch) -> bool:
     return (a.ramp_ids == b.ramp_ids and a.config_version == b.config_version
             and set(a.inputs) == set(b.inputs) and set(a.carry) == set(b.carry)
@@ -130,7 +156,7 @@ class ComputeMode:
 
     def init_compute(self, target: int, hold_ms: float) -> None:
         self.fusion: FusionBuffer[tuple[Batch, float]] = FusionBuffer(
-            target, self.stage_ms * target, hold_ms)
+            target, self.stage_ms * target, hold_ms, split=split_part)
         self.fusion_wake = asyncio.Event()
         self.shadow_work: deque[tuple[Batch, float]] = deque()
         self.shadow_dropped = 0

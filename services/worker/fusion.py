@@ -5,12 +5,17 @@ batch, so the stage runs full batches although every batch shrinks at every ramp
 A partial batch is held only while its requests can afford it: the fused batch leaves as
 soon as it reaches the target, when the earliest deadline among the held parts leaves no
 more than the stage's service time (plus what the plan allows as slack), or when the
-oldest part has waited ``max_hold_ms``. Parts are fused whole (a part is one upstream
-batch: its activations travel and are answered together), earliest deadline first, and a
-fused batch never exceeds the target unless one part alone does."""
+oldest part has waited ``max_hold_ms``. Parts (one upstream batch each: its activations
+travel together) are fused earliest deadline first. With a ``split`` (the payload's first
+k rows and the rest) the part that would pass the target is cut there and its rest stays
+held, so every full batch is exactly the target: whole parts of survivors that are more
+than half a batch (a cut where most samples go on) would otherwise fuse one at a time, at
+little more than half the batch the plan is sized for. Without one, parts are fused whole
+and a fused batch never exceeds the target unless one part alone does."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -31,6 +36,7 @@ class FusionBuffer(Generic[T]):
     service_ms: float       # expected time of one fused batch through the rest
     max_hold_ms: float      # longest a part may wait for company
     parts: list[Part[T]] = field(default_factory=list)
+    split: Callable[[T, int], tuple[T, T]] | None = None  # payload, k -> first k rows, rest
 
     def __post_init__(self) -> None:
         if self.target < 1 or self.service_ms < 0 or self.max_hold_ms < 0:
@@ -65,14 +71,24 @@ class FusionBuffer(Generic[T]):
             return []
         out: list[Part[T]] = []
         rows = 0
-        for p in list(self.parts):
-            if out and rows + p.rows > self.target:
+        for k, p in enumerate(list(self.parts)):
+            room = self.target - rows
+            if p.rows > room and self.split is not None:
+                head, rest = self.split(p.payload, room)
+                self.parts[k] = Part(p.rows - room, p.deadline, p.arrived, rest)
+                out.append(Part(room, p.deadline, p.arrived, head))
+                return self._taken(out, whole=len(out) - 1)
+            if out and p.rows > room:
                 continue  # a later, smaller part may still fit
             out.append(p)
             rows += p.rows
             if rows >= self.target:
                 break
-        for p in out:
+        return self._taken(out, whole=len(out))
+
+    def _taken(self, out: list[Part[T]], whole: int) -> list[Part[T]]:
+        """``out``, whose first ``whole`` parts leave the buffer (a split part's rest stays)."""
+        for p in out[:whole]:
             self.parts.remove(p)
         return out
 

@@ -58,3 +58,31 @@ def test_drain_hands_everything_back_and_bad_settings_are_refused():
     assert [p.rows for p in buf.drain()] == [3, 2] and buf.rows == 0
     with pytest.raises(ValueError):
         FusionBuffer(target=0, service_ms=1.0, max_hold_ms=1.0)
+
+
+def _cut(payload, k):
+    return payload[:k], payload[k:]
+
+
+def test_with_a_split_every_full_batch_is_the_target_and_the_rest_stays_held():
+    buf = FusionBuffer(target=16, service_ms=0.0, max_hold_ms=1e4, split=_cut)
+    for name, deadline in (("a", 1.0), ("b", 2.0), ("c", 3.0)):
+        buf.add(Part(10, deadline, 0.0, [f"{name}{i}" for i in range(10)]))
+    first = buf.take(0.0)
+    assert [p.rows for p in first] == [10, 6]      # a whole, then b cut at the target
+    assert first[1].payload == [f"b{i}" for i in range(6)] and first[1].deadline == 2.0
+    assert buf.rows == 14 and [p.rows for p in buf.parts] == [4, 10]
+    assert buf.take(1.9) == []                     # 14 of 16: held until b's deadline
+    second = buf.take(2.0)
+    assert [p.payload for p in second] == [["b6", "b7", "b8", "b9"],
+                                          [f"c{i}" for i in range(10)]]
+    assert buf.rows == 0
+
+
+def test_a_split_cuts_a_part_bigger_than_the_batch_and_keeps_its_rest():
+    buf = FusionBuffer(target=4, service_ms=0.0, max_hold_ms=10.0, split=_cut)
+    buf.add(Part(9, 5.0, 0.0, list(range(9))))
+    assert [p.payload for p in buf.take(0.0)] == [[0, 1, 2, 3]]
+    assert [p.payload for p in buf.take(0.0)] == [[4, 5, 6, 7]]
+    assert buf.take(0.0) == []                     # one row, not due yet
+    assert [p.payload for p in buf.take(1.0)] == [[8]]

@@ -85,6 +85,10 @@ def replan_reason(basis: Basis | None, now: float, inventory: Mapping[str, Seque
     if profiled is not None and profiled - basis.profiled:
         return f"profiles: {', '.join(sorted(profiled - basis.profiled))} now profiled"
     if rate is not None and rate_moved(basis.rate, rate):
+        if math.isinf(rate):
+            return "load: a stream began (its rate not measured yet)"
+        if math.isinf(basis.rate):
+            return f"load: {rate:.3g} req/s, planned for the whole pool before it was measured"
         return f"load: {rate:.3g} req/s, planned for {basis.rate:.3g}"
     if newest_drift is not None and (basis.drift_seen is None
                                      or newest_drift > basis.drift_seen):

@@ -154,7 +154,7 @@ class Optimizer:
                   "drift_seen": None if drift is None else drift.isoformat(),
                   "made_at": now, "optimizer_ms": optimizer_ms, "planner": dp.reason}
         if math.isinf(rate):
-            why += "; the request rate is not measured yet: sized for the whole pool"
+            why += "; sized for the whole pool until the rate is measured"
         msg = pi.to_message(model, 1, why, geo, dp, workers, problem.hold_ms, now,
                             {"probe_ramps": probe}, probe)
         row = self.store.save_plan(model, why, dp.feasible, dp.goodput, dp.latency_ms, dp.cost,

@@ -118,7 +118,7 @@ def test_until_the_rate_is_measured_the_plan_is_the_whole_pool_s(ready: Store, t
     ready.add_requests([{"request_id": f"q{i}", "model": "m", "status": "ok",
                          "received_at": now - timedelta(seconds=i / 10)} for i in range(5)])
     plan, new = opt.consider("m", 1000.0)
-    assert new and "not measured yet: sized for the whole pool" in plan.reason
+    assert new and "sized for the whole pool until the rate is measured" in plan.reason
     assert sum(len(s.workers) for s in plan.stages) == 4
     row = ready.latest_plan("m")
     assert row["inputs"]["rate_rps"] is None
@@ -128,7 +128,7 @@ def test_until_the_rate_is_measured_the_plan_is_the_whole_pool_s(ready: Store, t
     ready.add_requests([{"request_id": f"r{i}", "model": "m", "status": "ok",
                          "received_at": now - timedelta(seconds=12 + i)} for i in range(5)])
     plan, new = restarted.consider("m", 1002.0)
-    assert new and plan.reason.startswith("load: ")
+    assert new and plan.reason.startswith("load: ") and "before it was measured" in plan.reason
     assert sum(len(s.workers) for s in plan.stages) < 4
     assert ready.latest_plan("m")["inputs"]["rate_rps"] == pytest.approx(10 / 16, rel=0.05)
 

@@ -193,3 +193,9 @@ def test_a_new_latency_profile_or_a_moved_rate_asks_for_a_plan() -> None:
     assert replan_reason(seen, 1.0, inv, None, rate=4.0).startswith("load")
     idle = Basis(0.0, inv, None, frozenset(), 0.2)
     assert replan_reason(idle, 1.0, inv, None, rate=0.9) is None  # noise below 1 req/s
+    assert replan_reason(idle, 1.0, inv, None, rate=UNMEASURED) == \
+        "load: a stream began (its rate not measured yet)"
+    pooled = Basis(0.0, inv, None, frozenset(), UNMEASURED)
+    assert replan_reason(pooled, 1.0, inv, None, rate=UNMEASURED) is None
+    assert replan_reason(pooled, 1.0, inv, None, rate=150.0) == \
+        "load: 150 req/s, planned for the whole pool before it was measured"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from schemas.messages import Batch, decode_map
-from services.worker.compute_mode import split_part, fuse, split_rows
+from services.worker.compute_mode import fuse, split_part, split_rows
 from services.worker.fusion import FusionBuffer, Part
 
 

@@ -230,11 +230,10 @@ def subnet_mmacs(sub: dict[str, Any]) -> float:
 
 def nearest_subnet(subnets: list[dict[str, Any]], model_mmacs: float) -> dict[str, Any]:
     """The subnet whose compute is nearest ``model_mmacs`` on a log scale (ties: the
-    larger, whose curve is the steeper and so the less generous to E3)."""
-    if not model_mmacs > 0:
-        raise ValueError(f"a model's compute must be positive, got {model_mmacs} MMACs")
-    return min(subnets, key=lambda s: (abs(math.log(subnet_mmacs(s) / model_mmacs)),
-                                       -subnet_mmacs(s)))
+    larger, whose curve is the steeper and so the less generous to E3). A model without
+    counted compute is below every subnet: the smallest."""
+    m = max(model_mmacs, 1e-9)
+    return min(subnets, key=lambda s: (abs(math.log(subnet_mmacs(s) / m)), -subnet_mmacs(s)))
 
 
 def gpu_class(cpu: LatencyTable, cpu_full: dict[int, float], path: Path = GPU_CURVES,

@@ -4,8 +4,9 @@ NAS papers call this count "FLOPs").
 
 Counted: ``Conv`` (``C_out x C_in/groups x kernel x output positions``), ``MatMul`` and
 ``Gemm`` (``M x K x N`` over any leading axes). Elementwise ops, norms, pooling and
-softmax are left out, as in those papers' counts. Shapes are the runtime's on one real sample;
-an op whose shapes stay unknown (inside a subgraph) is reported, not guessed.
+softmax are left out, as in those papers' counts, and so are ops inside subgraphs (``If``,
+``Loop``). Shapes are the runtime's on one real sample; a counted op the runtime gives no
+shape for is reported, not guessed.
 """
 
 from __future__ import annotations

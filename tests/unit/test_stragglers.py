@@ -46,3 +46,21 @@ def test_at_most_the_margin_is_not_slow_and_unknown_profiles_are_skipped() -> No
     for _ in range(4):
         unknown.observe("x", 5, 50, 5000.0)
         assert unknown.close_window(lambda *_: None) == (set(), set())
+
+
+def test_workers_slow_alike_are_not_stragglers_the_profile_is_off() -> None:
+    w = StragglerWatch()
+    for _ in range(4):  # both 1.75x the profile: a loaded machine, not one bad worker
+        w.observe("a", 4, 64, 4 * 16 * 3.5)
+        w.observe("b", 4, 64, 4 * 16 * 3.6)
+        assert w.close_window(expect) == (set(), set())
+    for k in range(3):  # then one runs 1.6x slower than the other as well: marked
+        w.observe("a", 4, 64, 4 * 16 * 3.5)
+        w.observe("b", 4, 64, 4 * 16 * 5.6)
+        got = w.close_window(expect)
+    assert got == ({"b"}, set()) and k == 2
+    alone = StragglerWatch()  # no peer in the window: the profile alone judges
+    for _ in range(3):
+        alone.observe("solo", 4, 64, 4 * 16 * 3.5)
+        got = alone.close_window(expect)
+    assert got == ({"solo"}, set())

@@ -134,7 +134,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             "slo_ms": slo, "constraint": float(getattr(args, "constraint", 0.01)),
             "device_profile": getattr(args, "device_profile", None),
             "gpu_curve": getattr(args, "gpu_curve", None),
-            "trace_seed": int(getattr(args, "trace_seed", None) or inputs.TRACE_SEED)}
+            "trace_seed": inputs.TRACE_SEED if getattr(args, "trace_seed", None) is None
+            else int(args.trace_seed)}
 
 
 def build_setup(opt: dict[str, Any], say: inputs.Say) -> Setup:
@@ -157,7 +158,9 @@ def build_setup(opt: dict[str, Any], say: inputs.Say) -> Setup:
     cpu = inputs.ClassProfile(device_class("cpu"), cpu_table, False,
                               f"measured on this machine ({prof['how']})", link=link,
                               per_device_links=False)
-    mmacs = inputs.model_mmacs(model_dir, manifest)
+    # the model's compute picks the modeled curve, unless a class or curve is given
+    mmacs = (inputs.model_mmacs(model_dir, manifest)
+             if not opt["device_profile"] and opt["gpu_curve"] is None else None)
     first = (inputs.file_class(Path(opt["device_profile"]), cpu_table, cpu_full)
              if opt["device_profile"] else
              inputs.gpu_class(cpu_table, cpu_full, subnet=opt["gpu_curve"], model_mmacs=mmacs))
@@ -184,7 +187,7 @@ def build_setup(opt: dict[str, Any], say: inputs.Say) -> Setup:
                       "measured CPU table; hard: a later ramp or the final layer",
                       "ramp_cost_fraction": [round(float(x), 4) for x in frac]}}
     info["bus"] = bus
-    info["model_mmacs"] = round(mmacs, 1)
+    info["model_mmacs"] = None if mmacs is None else round(mmacs, 1)
     return Setup(opt["model"], trace, th, start, useful, ramp_after, (first, cpu),
                  inputs.activation_bytes(manifest, ids), np.flatnonzero(easy),
                  np.flatnonzero(~easy), info)

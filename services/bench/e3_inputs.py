@@ -25,7 +25,7 @@
   16 at 4.1x batch 1, a 7-GMAC network saturating the A40 by batch 4) would be modeled
   as saturating a GPU it leaves mostly idle. The model's MACs are counted on its ONNX
   blocks (``services.runtime.onnx_macs``); a subnet's are its FLOPs budget
-  (``mflops_limit``, what the search filled to within 0.1 %), the smallest's
+  (``mflops_limit``, what the search filled to within 1 %), the smallest's
   (``SMALLEST_SUBNET_MMACS``) and the unbudgeted full network's (``FULL_SUBNET_MMACS``)
   counted from the dimensions the public file lists. ``--gpu-curve ID`` takes a subnet's
   curve by id instead (batch 16 at 1.6-4.1x batch 1 over the six).
@@ -90,7 +90,7 @@ GPU_CLASS = "a40-modeled"
 # Multiply-accumulates of the two published subnets without a FLOPs budget, counted (ad hoc,
 # OFA's ResNet50 layer formulas) from the dimensions listed in the public file the curves
 # come from; the same count gives subnet 4's published 3,999.5 MMACs exactly and subnet 1's
-# 1,487.9 within 4.3 %.
+# 1,487.9 within 4.2 %.
 SMALLEST_SUBNET_MMACS = 962.0  # subnet 0: depth 0, expand 0.2, width 0.65 everywhere
 FULL_SUBNET_MMACS = 7491.6  # subnet 5: the largest (depth 2, expand 0.35, width 1.0)
 

@@ -82,9 +82,10 @@ PROFILE_WAIT_S = 300.0  # a stack's profiler measures the model before any phase
 POLICIES = ("vanilla", "naive_ee", "e3")
 
 
-def trace_inputs(manifest, n: int) -> list[dict[str, np.ndarray]]:
-    """The inputs the trace was recorded on, one dict per sample (same seed, same order)."""
-    chunks, _ = inputs.model_inputs(manifest, n, inputs.TRACE_SEED)
+def trace_inputs(manifest, n: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """The inputs the trace was recorded on (its workload ``seed``), one dict per sample,
+    in order."""
+    chunks, _ = inputs.model_inputs(manifest, n, seed)
     out: list[dict[str, np.ndarray]] = []
     for chunk in chunks:
         rows = len(next(iter(chunk.values())))
@@ -375,7 +376,7 @@ def run_live(args) -> dict[str, Any]:
     say(f"{model}: {len(useful)} useful ramps {useful}; batch {b} takes {batch_ms:.2f} ms "
         f"(measured on all cores): vanilla ~{capacity:.0f} req/s on this machine; SLO "
         f"{slo_ms:.0f} ms{'; the tuner adapts compute-mode runs' if opt['adapt'] else ''}")
-    xs = trace_inputs(manifest, setup.trace.n_samples)
+    xs = trace_inputs(manifest, setup.trace.n_samples, opt["trace_seed"])
     n_max = math.ceil(min(LOAD * capacity, MAX_RATE) * (opt["warm_s"] + opt["seconds"])) + 1
     samples = pol.mix_stream(setup.easy, setup.hard, pol.parse_mix(opt["mix"]), n_max,
                              opt["seed"])

@@ -46,10 +46,11 @@ def _node_macs(node: onnx.NodeProto, shape: dict[str, tuple[int, ...]]) -> float
     return 0.0
 
 
-def graph_macs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> MacCount:
+def graph_macs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]
+               ) -> tuple[MacCount, np.ndarray]:
     """Multiply-accumulates of one sample through ``model`` fed ``feeds`` (batch 1; see
-    the module docstring): the graph runs once with every operand of a counted op as an
-    output, so the shapes are the ones the runtime computes."""
+    the module docstring), and the graph's first output: the graph runs once with every
+    operand of a counted op as an output, so the shapes are the ones the runtime computes."""
     import onnxruntime as ort
 
     counted = [n for n in model.graph.node if n.op_type in COUNTED]
@@ -63,7 +64,8 @@ def graph_macs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> MacCount
         probe.graph.output.append(onnx.ValueInfoProto(name=name))
     sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    for name, val in zip(names, sess.run(names, feeds), strict=True):
+    values = sess.run(names, feeds)
+    for name, val in zip(names, values, strict=True):
         shape[name] = tuple(np.shape(val))
     out = MacCount()
     for node in counted:
@@ -72,15 +74,12 @@ def graph_macs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> MacCount
             out.unknown.append(f"{node.op_type} {node.name}")
         else:
             out.macs += got
-    return out
+    return out, values[0]
 
 
 def chain_macs(model_dir: Path, manifest, feed: dict[str, np.ndarray]) -> MacCount:
-    """The sum over a prepared model's blocks, each fed what it gets when the model runs
-    on ``feed`` (one sample's model inputs)."""
-    from services.runtime.stage import StageRuntime
-
-    rt = StageRuntime(model_dir, manifest, 0, manifest.num_blocks, device="cpu")
+    """The sum over a prepared model's blocks, each fed what the block before it gave on
+    ``feed`` (one sample's model inputs; later blocks also read the model inputs they name)."""
     total, x = MacCount(), None
     for i, spec in enumerate(manifest.blocks):
         if i == 0:
@@ -88,6 +87,6 @@ def chain_macs(model_dir: Path, manifest, feed: dict[str, np.ndarray]) -> MacCou
         else:
             feeds = {spec.input_names[0]: np.ascontiguousarray(x, dtype=np.float32)}
             feeds |= {k: feed[k] for k in spec.input_names[1:]}
-        total.add(graph_macs(onnx.load(str(Path(model_dir) / spec.file)), feeds))
-        x = rt.run_block(i, x if i else feed, feed)
+        count, x = graph_macs(onnx.load(str(Path(model_dir) / spec.file)), feeds)
+        total.add(count)
     return total

@@ -141,3 +141,11 @@ def test_with_adapt_the_common_phase_starts_where_the_tuner_left_off(tmp_path):
         assert adapted_thresholds(cfg, "tiny", start) == start  # no config yet
         store.save_exit_config("tiny", {0: 0.05, 1: 0.25}, [0, 1], "compute", "tuner")
     assert adapted_thresholds(cfg, "tiny", start) == {0: 0.05, 1: 0.25, 2: 0.1}
+
+
+def test_trace_seed_option_takes_any_seed_and_defaults_to_the_bench_s():
+    from types import SimpleNamespace
+
+    assert e3.options(SimpleNamespace())["trace_seed"] == e3_inputs.TRACE_SEED
+    assert e3.options(SimpleNamespace(trace_seed=0))["trace_seed"] == 0
+    assert e3.options(SimpleNamespace(trace_seed=3))["trace_seed"] == 3

@@ -25,6 +25,11 @@ DEFAULT_WINDOW_S = 10.0   # profile window; E3 uses 2 min, ours is shorter to re
 # re-plans before the loss is noticeable, and is well above the binomial noise of a
 # window (sd <= 0.5 / sqrt(n): 0.035 at 200 samples).
 DRIFT_THRESHOLD = 0.1
+# A forecast is judged for drift only when the window it was made from held this many
+# samples: below it one window's survival has sd up to 0.05, so window-to-window noise
+# alone reaches the threshold (the first seconds of a stream, or a config's first part
+# of a window).
+MIN_FORECAST_SAMPLES = 100
 # MAPE skips pairs whose observed survival is below this: a percentage of ~0 is undefined
 # or explodes (0.005 vs 0.01 is "100 %" but harmless to the plan).
 MAPE_FLOOR = 0.01

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.profiler.batch_profile import DRIFT_THRESHOLD, FINAL, Drift, compare, survival
+from services.profiler.batch_profile import (
+    DRIFT_THRESHOLD,
+    FINAL,
+    MIN_FORECAST_SAMPLES,
+    Drift,
+    compare,
+    survival,
+)
 from services.profiler.survival_forecast import (
     MAX_HISTORY,
     ArimaForecaster,
@@ -74,15 +81,18 @@ def profile_window(exit_counts: Mapping[int | None, int], active: Sequence[int],
 
 
 def same_regime(rows: Sequence[Mapping], start: float, ramps: Sequence[int],
-                version: int | None) -> tuple[dict[int, list[float]], dict[int, float] | None]:
+                version: int | None, min_samples: int = MIN_FORECAST_SAMPLES
+                ) -> tuple[dict[int, list[float]], dict[int, float] | None]:
     """What of the stored profile speaks for the window at ``start``: the history of the
     windows right before it that tracked the same ramps under the same exit config, and the
-    forecast made for it if it was made under that config for exactly those ramps (None
-    otherwise). A change of thresholds or of the ramps a plan runs moves survival by design:
-    windows from before it are another series, and a forecast across it is no drift.
+    forecast made for it if it was made under that config for exactly those ramps, from a
+    window of at least ``min_samples`` samples (None otherwise). A change of thresholds or
+    of the ramps a plan runs moves survival by design: windows from before it are another
+    series, and a forecast across it is no drift. A forecast from a handful of samples (the
+    first seconds of a stream or of a config) is their noise: judging it would re-plan on it.
 
     ``rows``: stored rows as mappings with ``start`` (unix seconds), ``ramp``,
-    ``config_version``, ``observed`` and ``forecast``."""
+    ``config_version``, ``observed``, ``forecast`` and ``samples`` (None: unknown)."""
     want = {int(r) for r in ramps}
     windows: dict[float, list[Mapping]] = {}
     for r in rows:
@@ -93,11 +103,16 @@ def same_regime(rows: Sequence[Mapping], start: float, ramps: Sequence[int],
             and all(r["forecast"] is not None and r["config_version"] == version for r in mine)):
         made = {int(r["ramp"]): float(r["forecast"]) for r in mine}
     history: dict[int, list[float]] = {}
+    base: int | None = None  # samples of the newest window before: the forecast's own
     for s in sorted((s for s in windows if s < start), reverse=True):
         seen = [r for r in windows[s] if r["observed"] is not None]
         if ({int(r["ramp"]) for r in seen} != want
                 or any(r["config_version"] != version for r in seen)):
             break
+        if base is None:
+            base = min((r.get("samples") or 0) for r in seen)
         for r in seen:
             history.setdefault(int(r["ramp"]), []).insert(0, float(r["observed"]))
+    if base is None or base < min_samples:
+        made = None
     return history, made

@@ -74,15 +74,18 @@ class PlanHistory:
     def request_exits(self, model: str, start: datetime,
                       end: datetime) -> tuple[dict[int | None, int], int | None]:
         """Where the requests of ``model`` received in ``[start, end)`` and answered ok
-        left the model: ``{exit: count}`` (a ramp index, -1 or None for the final layer),
-        and the newest exit config version they were served under."""
+        under the newest exit config version among them left the model: ``{exit: count}``
+        (a ramp index, -1 or None for the final layer), and that version. A window a new
+        config began in counts only the new config's requests: survival under two configs
+        at once is a point of neither series."""
         r = Request
         where = (r.model == model, r.status == "ok", r.received_at >= naive_utc(start),
                  r.received_at < naive_utc(end))
         with self.engine.connect() as conn:
-            counts = {e: int(n) for e, n in conn.execute(
-                select(r.exit, func.count()).where(*where).group_by(r.exit))}
             version = conn.scalar(select(func.max(r.config_version)).where(*where))
+            mine = r.config_version.is_(None) if version is None else r.config_version == version
+            counts = {e: int(n) for e, n in conn.execute(
+                select(r.exit, func.count()).where(*where, mine).group_by(r.exit))}
         return counts, None if version is None else int(version)
 
     def newest_drift(self, model: str) -> datetime | None:

@@ -15,13 +15,18 @@ W = 10.0
 LOG = logging.getLogger("test")
 
 
+SCALE = 10  # requests per unit of ``exits``: a window of 10 units holds 100 samples, enough
+           # for the profiler to judge the forecast made from it (MIN_FORECAST_SAMPLES)
+
+
 def _requests(store: Store, start: float, exits: dict[int, int], tag: str,
-              status: str = "ok", version: int = 1) -> None:
+              status: str = "ok", version: int = 1, offset_s: float = 0.5,
+              scale: int = SCALE) -> None:
     rows, k = [], 0
     for exit_, n in exits.items():
-        for _ in range(n):
+        for _ in range(n * scale):
             rows.append({"request_id": f"{tag}-{k}", "model": "m", "received_at":
-                         utc(start + 0.5 + k * 0.01), "status": status, "exit": exit_,
+                         utc(start + offset_s + k * 0.001), "status": status, "exit": exit_,
                          "early": exit_ >= 0, "config_version": version})
             k += 1
     store.add_requests(rows)
@@ -46,9 +51,9 @@ def test_windows_are_profiled_forecast_and_judged_for_drift(served: Store) -> No
         by_window.setdefault(r["window_start"], {})[r["ramp"]] = r
     w0, w1, w2, w3 = (by_window[utc(T0 + k * W)] for k in range(4))
     assert {r: w0[r]["observed"] for r in w0} == pytest.approx({0: 0.8, 3: 0.5})
-    assert w0[0]["forecast"] is None and w0[0]["samples"] == 10
+    assert w0[0]["forecast"] is None and w0[0]["samples"] == 10 * SCALE
     assert w1[3]["forecast"] == pytest.approx(0.5) and w1[3]["error"] == pytest.approx(0.0)
-    assert w1[0]["drifted"] is False and w1[0]["samples"] == 10  # the deadline misses: not in
+    assert w1[0]["drifted"] is False and w1[0]["samples"] == 10 * SCALE  # misses: not in
     assert w2[0]["observed"] == pytest.approx(0.2) and w2[3]["observed"] == pytest.approx(0.2)
     assert w2[0]["drifted"] is True and w2[0]["error"] == pytest.approx(0.6)
     assert w3[0]["observed"] is None and w3[0]["forecast"] is not None  # next window: forecast
@@ -100,3 +105,29 @@ def test_a_new_exit_config_starts_a_new_series_not_a_drift(served: Store) -> Non
     assert w3["config_version"] == 2 and w3["observed"] == pytest.approx(0.1)
     nxt = rows[(utc(T0 + 4 * W), 0)]
     assert nxt["forecast"] == pytest.approx(0.1)  # config 2's own history: one window
+
+
+def test_a_window_a_new_config_began_in_counts_the_new_configs_requests(served: Store) -> None:
+    served.save_exit_config("m", {0: 0.9, 3: 0.5}, [0, 3], "compute", "new thresholds")
+    _requests(served, T0 + 3 * W, {3: 10}, "old")                        # config 1's tail
+    _requests(served, T0 + 3 * W, {0: 9, -1: 1}, "new", version=2, offset_s=5.0)
+    _requests(served, T0 + 4 * W, {0: 9, -1: 1}, "next", version=2)
+    BatchProfiler(served, LOG, W).poll_model("m", T0 + 5 * W + 5.0)
+    rows = {(r["window_start"], r["ramp"]): r for r in served.batch_profiles("m")}
+    mixed, nxt = rows[(utc(T0 + 3 * W), 0)], rows[(utc(T0 + 4 * W), 0)]
+    assert mixed["config_version"] == 2 and mixed["samples"] == 10 * SCALE
+    assert mixed["observed"] == pytest.approx(0.1)  # not 0.55 with config 1's tail in it
+    assert mixed["drifted"] is None                  # its forecast was config 1's
+    assert nxt["forecast"] == pytest.approx(0.1)     # config 2's series from its first part
+    assert nxt["drifted"] is False                   # the same config: no drift
+
+
+def test_a_forecast_from_too_few_samples_is_not_judged(store: Store) -> None:
+    store.save_exit_config("m", {0: 0.5, 3: 0.5}, [0, 3], "latency", "test")
+    _requests(store, T0, {0: 1, -1: 1}, "few", scale=10)           # 20 samples
+    _requests(store, T0 + W, {0: 80, -1: 20}, "many", scale=1)     # 100 samples, 0.8 -> 0.2
+    _requests(store, T0 + 2 * W, {0: 20, -1: 80}, "back", scale=1)
+    BatchProfiler(store, LOG, W).poll_model("m", T0 + 3 * W + 5.0)
+    rows = {(r["window_start"], r["ramp"]): r for r in store.batch_profiles("m")}
+    assert rows[(utc(T0 + W), 0)]["drifted"] is None   # forecast from 20 samples: noise
+    assert rows[(utc(T0 + 2 * W), 0)]["drifted"] is True  # from 100: a real move

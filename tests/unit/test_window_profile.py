@@ -67,9 +67,9 @@ def test_nothing_to_profile_without_samples_or_ramps() -> None:
     assert profile_window({-1: 5}, [], {}) is None  # vanilla: every sample runs to the end
 
 
-def _rows(start, ramps, version, observed=0.5, forecast=0.5):
+def _rows(start, ramps, version, observed=0.5, forecast=0.5, samples=500):
     return [{"start": start, "ramp": r, "config_version": version, "observed": observed,
-             "forecast": forecast} for r in ramps]
+             "forecast": forecast, "samples": samples} for r in ramps]
 
 
 def test_history_and_forecast_stop_at_a_change_of_config_or_of_ramps() -> None:
@@ -87,3 +87,20 @@ def test_history_and_forecast_stop_at_a_change_of_config_or_of_ramps() -> None:
     # a forecast missing for one tracked ramp judges nothing, history still counts
     partial = rows[:-1]
     assert same_regime(partial, 30.0, [1, 3], 2)[1] is None
+
+
+def test_a_forecast_from_a_handful_of_samples_is_not_judged() -> None:
+    from services.profiler.batch_profile import MIN_FORECAST_SAMPLES
+    from services.profiler.window_profile import same_regime
+
+    few = MIN_FORECAST_SAMPLES - 1
+    rows = (_rows(10.0, [1, 3], 2, 0.8) + _rows(20.0, [1, 3], 2, 0.7, samples=few)
+            + _rows(30.0, [1, 3], 2, None, 0.6))
+    history, made = same_regime(rows, 30.0, [1, 3], 2)
+    assert history == {1: [0.8, 0.7], 3: [0.8, 0.7]}  # still the series' history
+    assert made is None                               # but its forecast rests on noise
+    assert same_regime(rows, 30.0, [1, 3], 2, min_samples=few)[1] == {1: 0.6, 3: 0.6}
+    # the window the forecast came from decides, not an older, larger one
+    rows[2]["samples"] = rows[3]["samples"] = MIN_FORECAST_SAMPLES
+    rows[0]["samples"] = rows[1]["samples"] = 1
+    assert same_regime(rows, 30.0, [1, 3], 2)[1] == {1: 0.6, 3: 0.6}

@@ -3,6 +3,7 @@ does its feedback cost? A replay (``services.sim.compute_feedback``), not a live
 
     offramp bench e3 --accuracy --json OUT [--model minilm-topics|chain-cnn]
         [--mixes 80/20,...] [--shadow-rate R] [--requests N] [--seed S]
+        [--trace-seed T] [--serve-trace-seed U]
 
 The stream and starting config are the E3 bench's (``services.bench.e3``'s setup: the
 recorded trace of the model's workload, every useful ramp with the thresholds a tuner starts
@@ -20,6 +21,10 @@ Reported per row:
 - static: the starting thresholds left alone, and the same thresholds scaled down to the
   tuner's savings on each stream (Apparate's claim: static thresholds at equal savings
   do not hold the constraint when the stream moves).
+
+With ``--serve-trace-seed U`` the thresholds come from trace ``T`` as above, and the streams
+are drawn from another recording of the workload, trace ``U`` (its own easy and hard pools):
+inputs nobody tuned on, as a deployment meets them.
 """
 
 from __future__ import annotations
@@ -49,19 +54,23 @@ def accuracy_options(args) -> dict[str, Any]:
     opt = e3.options(args)
     rates = (DEFAULT_RATES if getattr(args, "shadow_rate", None) is None
              else (shadow_rate_of(args),))
-    return {**opt, "rates": rates, "requests": max(opt["requests"], MIN_REQUESTS)}
+    serve = getattr(args, "serve_trace_seed", None)
+    return {**opt, "rates": rates, "requests": max(opt["requests"], MIN_REQUESTS),
+            "serve_trace_seed": None if serve is None else int(serve)}
 
 
 def row_of(setup: e3.Setup, mix: str, rate: float, n: int, seed0: int, constraint: float,
-           climb) -> dict[str, Any]:
-    """One mix at one shadow rate, over ``SEEDS`` streams."""
-    tr, ids = setup.trace, list(setup.useful)
+           climb, served: e3.Setup | None = None) -> dict[str, Any]:
+    """One mix at one shadow rate, over ``SEEDS`` streams: thresholds from ``setup``,
+    streams from ``served`` (its trace and pools; default ``setup``)."""
+    served = served or setup
+    tr, ids = served.trace, list(setup.useful)
     pred, score, final = tr.ramp_pred[ids], tr.ramp_score[ids], tr.final_pred
     prof = tr.profile()
     start = setup.start[ids]
     runs, static, equal = [], [], []
     for seed in range(seed0, seed0 + SEEDS):
-        stream = pol.mix_stream(setup.easy, setup.hard, pol.parse_mix(mix), n, seed)
+        stream = pol.mix_stream(served.easy, served.hard, pol.parse_mix(mix), n, seed)
         ctrl = mode_controller(prof, ids, start, compute=True, constraint=constraint,
                                climb=climb)
         run = cf.replay_compute(pred, score, final, ids, stream, prof, ctrl,
@@ -97,6 +106,9 @@ def run_accuracy(args) -> int:
 
     opt = accuracy_options(args)
     setup = e3.build_setup(opt, say_stderr)
+    served = None
+    if opt["serve_trace_seed"] not in (None, opt["trace_seed"]):
+        served = e3.build_setup({**opt, "trace_seed": opt["serve_trace_seed"]}, say_stderr)
     climb = climb_native.best_climb(config.load().tuner_native)
     rows = []
     for mix in opt["mixes"]:
@@ -104,9 +116,12 @@ def run_accuracy(args) -> int:
             say_stderr(f"replaying {opt['model']} {mix} at shadow rate {rate:g} "
                        f"({SEEDS} seeds x {opt['requests']} requests) ...")
             rows.append(row_of(setup, mix, rate, opt["requests"], opt["seed"],
-                               opt["constraint"], climb))
+                               opt["constraint"], climb, served))
     doc = {"mode": "replay", "model": opt["model"], "constraint": opt["constraint"],
            "window": WINDOW, "rows": rows, "setup": setup.info,
+           "tuned_on_trace": opt["trace_seed"],
+           "served_trace": opt["trace_seed"] if served is None else opt["serve_trace_seed"],
+           "served_setup": None if served is None else served.info,
            "how": "services.sim.compute_feedback: the tuner's compute-mode controller on "
                   "the shadow sample of each stream; savings from the trace's batch-1 profile"}
     Path(args.json).write_text(json.dumps(doc, indent=2, default=float))
@@ -120,8 +135,11 @@ def table(doc: dict[str, Any]) -> str:
     def s(d: dict[str, float]) -> str:
         return f"{100 * d['min']:.2f}–{100 * d['max']:.2f} % (median {100 * d['median']:.2f})"
 
+    unseen = ("" if doc.get("served_trace") == doc.get("tuned_on_trace") else
+              f", thresholds tuned on trace {doc.get('tuned_on_trace')}, streams from "
+              f"trace {doc.get('served_trace')}")
     lines = [(f"bench e3 --accuracy (replay, {doc['model']}, constraint "
-              f"{100 * doc['constraint']:g} %: agreement >= {100 * c:g} %)"),
+              f"{100 * doc['constraint']:g} %: agreement >= {100 * c:g} %{unseen})"),
              (f"| mix | shadow rate | agreement over seeds | seeds meeting | worst "
               f"{doc['window']} requests | savings | shadow cost | static: as started / at "
               "equal savings |"),

@@ -213,6 +213,10 @@ def e3_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--trace-seed", type=int, metavar="N",
                        help="e3 --sim: the workload seed of the recorded trace the easy and "
                        "hard pools and the exit config come from (default 1)")
+    bench.add_argument("--serve-trace-seed", type=int, metavar="N",
+                       help="e3 --accuracy: serve streams of the trace of workload seed N, "
+                       "inputs the starting thresholds were never tuned on (default: the "
+                       "tuning trace itself)")
     bench.add_argument("--batches", metavar="B,...", help="e3: batch sizes (default 1,4,8,16)")
     bench.add_argument("--mixes", metavar="EASY/HARD,...",
                        help="e3: easy/hard mixes (default 80/20,50/50,20/80; the first is "

@@ -86,3 +86,27 @@ def test_static_thresholds_scaled_to_a_target_savings() -> None:
                                              start, full / 2)
     assert 0 < k < 1 and got == pytest.approx(full / 2, rel=0.05)
     assert agreement > 0.97  # fewer exits, fewer of ramp 0's mistakes
+
+
+def _setup(pred, score, final, start):
+    """An E3 bench setup around a synthetic trace: every sample both easy and hard."""
+    from services.bench.e3 import Setup
+    from services.sim.trace import Trace
+
+    tr = Trace(pred, score, final, np.array([1.0, 2.0, 4.0]), np.array([0.05, 0.05]))
+    every = np.arange(final.size)
+    return Setup("m", tr, np.array(start), np.array(start), (0, 1), (0, 1), (), (0.0, 0.0),
+                 every, every, {})
+
+
+def test_accuracy_rows_serve_another_traces_inputs_on_the_tuned_thresholds() -> None:
+    from services.bench.e3_accuracy import row_of
+
+    pred, score, final = trap_trace()
+    tuned = _setup(np.stack([final, final]), score, final, (0.5, 0.5))  # no trap: 0.5 is safe
+    served = _setup(pred, score, final, (0.0, 0.0))                      # its own start unused
+    seen = row_of(tuned, "80/20", 0.1, 3000, 0, 0.01, None)
+    unseen = row_of(tuned, "80/20", 0.1, 3000, 0, 0.01, None, served)
+    assert seen["static_agreement"]["max"] == 1.0   # the thresholds' own inputs
+    assert unseen["static_agreement"]["max"] < 0.99  # the trap costs ~3 % left alone
+    assert unseen["meets"] == unseen["seeds"]       # the tuner repairs it on the shadow sample

@@ -14,9 +14,10 @@ per trigger (the work; the simulator times each step on its own).
   that sample instead of up to 15 samples later. Thresholds are then re-tuned from 0
   (``tune()``) on the newest ``tune_window`` samples, must also meet the constraint on the
   alert window (else the element-wise min with that window's own tune, else that tune capped
-  at the deployed thresholds, else no exits), and every ramp that answered wrongly there is
-  capped at ``backoff`` x its wrong score: the next frames of the scene that broke it score
-  alike, so re-tuning "just below" the failure fails again at the next frame. An alert never
+  at the deployed thresholds, else with the ramps that answer it wrongly switched off), and
+  every ramp that answered wrongly there is capped at ``backoff`` x its wrong score: the
+  next frames of the scene that broke it score alike, so re-tuning "just below" the
+  failure fails again at the next frame. An alert never
   raises a threshold: it says the config is too eager, and just after a ramp was added only
   a few dozen records hold it, on which a tune from 0 overfits. Raising is the slack tune's
   job. With ``sampled_feedback`` (compute mode, where feedback is a sample of the stream)
@@ -396,7 +397,28 @@ class ExitController:
         short = tuple(min(a, b) for a, b in zip(short, self.thresholds))  # never raised
         if meets(evaluate(aw, self.profile, short), self.constraint):
             return short, f"tuned on the {aw.n_samples}-sample alert window"
-        return (0.0,) * len(th), "nothing safe on the alert window: no exits until re-tuned"
+        return self._switch_off_failing(aw, th, how)
+
+    def _switch_off_failing(self, aw: ExitWindow, th: tuple[float, ...], how: str
+                            ) -> tuple[tuple[float, ...], str]:
+        """``th`` with every ramp that answers the alert window wrongly under it set to 0,
+        repeated while the samples it let go answer wrongly further on. An element-wise min
+        of safe vectors can be unsafe (a sample kept from one ramp exits wrongly at the
+        next), and switching every ramp off would cost all savings until a tune for
+        savings, which in compute mode waits for ``COMPUTE_TUNE_WINDOW`` shadow samples
+        (minutes): the ramps that did not fail keep their thresholds."""
+        rp = Replay(aw, self.profile)
+        cur, off = list(th), []
+        while not meets(evaluate(aw, self.profile, cur), self.constraint):
+            e = rp.exit_index(np.asarray(cur)[None])[0]
+            wrong = (e < aw.n_ramps) & ~rp.agree[e, np.arange(aw.n_samples)]
+            failing = sorted({int(x) for x in e[wrong]} - {k for k, t in enumerate(cur) if t == 0})
+            if not failing:  # a score below 0 exits at 0 too: nothing but no exits is safe
+                return (0.0,) * len(th), "nothing safe on the alert window: no exits until re-tuned"
+            for k in failing:
+                cur[k] = 0.0
+                off.append(self.active[k])
+        return tuple(cur), how + f", ramps {off} off: they answered the alert window wrongly"
 
     def _back_off(self, aw: ExitWindow, old: tuple[float, ...], th: tuple[float, ...],
                   how: str) -> tuple[tuple[float, ...], str]:

@@ -93,6 +93,28 @@ def test_no_alert_raises_a_threshold_on_varied_feedback() -> None:
     assert len(reasons) > 20 and any("capped by the alert window" in r for r in reasons)
 
 
+def test_an_alert_no_repair_fits_switches_off_only_the_ramps_that_failed() -> None:
+    # Ramp 1 is right at 0.5-0.6 but confidently wrong (0.25) on a tenth of the samples, so
+    # tunes keep it below 0.25; ramp 2 is right at 0.02-0.1. Then a sample passes ramp 1
+    # (0.3) and ramp 2 answers it wrongly at 0.01: the tune on 241 samples may keep that one
+    # miss, the alert window's own tune exits it at ramp 1 (above the deployed 0.2) and the
+    # min of the two lets it through to ramp 2 again. Ramp 2 goes off; ramp 1 keeps serving.
+    rng = np.random.default_rng(0)
+    n = 240
+    final = rng.integers(0, 5, n)
+    pred = np.tile(final, (2, 1))
+    score = np.vstack([rng.uniform(0.5, 0.6, n), rng.uniform(0.02, 0.1, n)])
+    trap = rng.random(n) < 0.1
+    pred[0, trap] = (final[trap] + 1) % 5
+    score[0, trap] = 0.25
+    c = ctl(thresholds=(0.2, 0.5), adjust_every=10_000)
+    assert c.observe(ExitWindow.build((1, 2), pred, score, final)) == []
+    x = ExitWindow.build((1, 2), np.array([[3], [4]]), np.array([[0.3], [0.01]]), np.array([3]))
+    (d,) = c.observe(x)
+    assert d.trigger == "alert" and d.thresholds == (0.2, 0.0)
+    assert "ramps [2] off" in d.reason and meets(evaluate(x, PROFILE, d.thresholds), 0.01)
+
+
 def test_tunes_keep_headroom_below_the_constraint() -> None:
     assert ctl().tune_constraint == 0.005  # half the 1% constraint by default
     w = batch((1, 2), 400, seed=13, wrong=0.02, wrong_score=0.05)

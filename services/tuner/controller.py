@@ -17,13 +17,12 @@ per trigger (the work; the simulator times each step on its own).
   at the deployed thresholds, else with the ramps that answer it wrongly switched off), and
   every ramp that answered wrongly there is capped at ``backoff`` x its wrong score: the
   next frames of the scene that broke it score alike, so re-tuning "just below" the
-  failure fails again at the next frame. An alert never
-  raises a threshold: it says the config is too eager, and just after a ramp was added only
-  a few dozen records hold it, on which a tune from 0 overfits. Raising is the slack tune's
-  job. With ``sampled_feedback`` (compute mode, where feedback is a sample of the stream)
-  the window alerts once the upper bound of its agreement's 95 % Wilson interval falls
-  below ``1 - constraint`` (``interval_alert_limit``): at 16 samples and 1 % that is the
-  same single disagreement.
+  failure fails again at the next frame. An alert never raises a threshold: it says the
+  config is too eager, and just after a ramp was added only a few dozen records hold it, on
+  which a tune from 0 overfits. Raising is the slack tune's job. With ``sampled_feedback``
+  (compute mode, where feedback is a sample of the stream) the window alerts once the upper
+  bound of its agreement's 95 % Wilson interval falls below ``1 - constraint``
+  (``interval_alert_limit``): at 16 samples and 1 % that is the same single disagreement.
 - **sampled feedback**: a tune on a sample of the stream picks, among many threshold vectors,
   the one with the most savings whose *sample* agreement fits, so its agreement on the
   stream is lower than on the sample. With ``sampled_feedback`` a tune on n samples leaves
@@ -408,17 +407,19 @@ class ExitController:
         savings, which in compute mode waits for ``COMPUTE_TUNE_WINDOW`` shadow samples
         (minutes): the ramps that did not fail keep their thresholds."""
         rp = Replay(aw, self.profile)
+        allowed = allowed_disagreements(aw.n_samples, self.constraint)
         cur, off = list(th), []
-        while not meets(evaluate(aw, self.profile, cur), self.constraint):
+        while True:
             e = rp.exit_index(np.asarray(cur)[None])[0]
-            wrong = (e < aw.n_ramps) & ~rp.agree[e, np.arange(aw.n_samples)]
-            failing = sorted({int(x) for x in e[wrong]} - {k for k, t in enumerate(cur) if t == 0})
+            wrong = ~rp.agree[e, np.arange(aw.n_samples)]  # the final model always agrees
+            if wrong.sum() <= allowed:
+                return tuple(cur), how + f", ramps {off} off: they answered the alert window wrongly"
+            failing = sorted({int(k) for k in e[wrong] if cur[k] > 0})
             if not failing:  # a score below 0 exits at 0 too: nothing but no exits is safe
                 return (0.0,) * len(th), "nothing safe on the alert window: no exits until re-tuned"
             for k in failing:
                 cur[k] = 0.0
                 off.append(self.active[k])
-        return tuple(cur), how + f", ramps {off} off: they answered the alert window wrongly"
 
     def _back_off(self, aw: ExitWindow, old: tuple[float, ...], th: tuple[float, ...],
                   how: str) -> tuple[tuple[float, ...], str]:

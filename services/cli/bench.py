@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 import threading
@@ -13,10 +14,66 @@ from services.cli.options import loss_share, non_negative_float, non_negative_in
 
 BENCHES = ("overhead", "apparate", "chaos", "e3", "superserve", "decode", "helios")
 
+# The options each bench reads: `bench X --help` lists these, and an option X does not read is
+# refused instead of silently ignored (a flag meant for another bench would look applied).
+_APPARATE = {"trace", "arrivals", "budget", "delay_ms", "head_delay_ms", "tune_window",
+             "slack_windows", "feedback_backlog", "grid_rounds", "segments", "ceiling", "live",
+             "workload", "repeat", "scene_frames"}
+_E3 = {"accuracy", "adapt", "shadow_rate", "warm_s", "devices", "device_profile", "gpu_curve",
+       "trace_seed", "serve_trace_seed", "batches", "mixes"}
+_HELIOS = {"models", "judge", "budget_mb", "drift_every", "ri", "eval_prompts", "think_ms",
+           "no_judge", "trace_prompts"}
+_GENERATION = {"threshold", "max_tokens", "prompt_tokens", "heads", "traces"}
+OPTIONS = {
+    "overhead": {"model", "trivial_model", "requests", "duration", "concurrency"},
+    "apparate": {"model", "requests", "plot", "seed", "constraint"} | _APPARATE,
+    "chaos": {"model", "seed", "slo_ms", "scenarios", "quick", "resend_after", "burst",
+              "keep_state"},
+    "e3": {"model", "requests", "seed", "constraint", "slo_ms", "sim", "workers", "seconds"} | _E3,
+    "superserve": {"model", "plot", "seed", "slo_ms", "sim", "workers", "seconds", "profile",
+                   "rate", "faults", "policies"},
+    "decode": {"model", "batch", "rounds", "depth", "bounds"} | _GENERATION,
+    "helios": {"requests", "concurrency", "plot", "seed", "sim", "policies"} | _GENERATION
+              | _HELIOS,
+}
+COMMON = {"json", "help"}
+
+
+class BenchHelp(argparse.Action):
+    """``bench WHICH --help``: WHICH's options only (all seven benches share one parser)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        which = getattr(namespace, "which", None)
+        if which in OPTIONS:
+            keep = OPTIONS[which] | COMMON
+            for action in parser._actions:
+                if action.option_strings and action.dest not in keep:
+                    action.help = argparse.SUPPRESS
+            parser.usage = f"%(prog)s {which} [options]"
+        else:
+            parser.epilog = "`offramp bench WHICH --help` lists the options WHICH reads."
+        parser.print_help()
+        parser.exit()
+
+
+def foreign_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The options given (away from their defaults) that ``args.which`` does not read."""
+    mine = OPTIONS[args.which] | COMMON
+    return [action.option_strings[0] for action in parser._actions
+            if action.option_strings and action.dest not in mine
+            and getattr(args, action.dest, None) != action.default]
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON")
+    bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON",
+                           add_help=False)
     bench.add_argument("which", choices=BENCHES)
+    bench.add_argument("-h", "--help", action=BenchHelp,
+                       help="show the options of WHICH and exit")
     bench.add_argument("--json", metavar="OUT",
                        help="output file (default $OFFRAMP_HOME/bench/WHICH-<UTC time>.json)")
     bench.add_argument("--model", help="default efficientnet-lite0 (chaos: tiny, e3: chain-cnn)")
@@ -27,14 +84,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--duration", type=float, default=8.0, help="seconds of sustained load")
     bench.add_argument("--concurrency", type=int,
                        help="overhead: requests in flight (default 64); helios: clients")
-    # apparate: the replay bench (--trace) or the live one (--live)
+    for more in (apparate_arguments, chaos_arguments, e3_arguments, superserve_arguments,
+                 decode_arguments, helios_arguments):
+        more(bench)
+    bench.set_defaults(fn=functools.partial(run, parser=bench))
+
+
+def apparate_arguments(bench: argparse.ArgumentParser) -> None:
+    """apparate: the replay bench (--trace) or the live one (--live)."""
     bench.add_argument("--trace", help="apparate: replay trace (.npz) from `offramp trace record`")
     bench.add_argument("--plot", help="apparate, superserve: plot (.svg; apparate: .png too)")
     bench.add_argument("--arrivals", help="apparate: arrival spec overriding the trace's, e.g. "
                        "poisson:10 (default: the trace's arrival_s, else Poisson light load at "
                        "20%% of the full model's capacity)")
     bench.add_argument("--seed", type=non_negative_int, default=0,
-                       help="apparate: seed of --arrivals; chaos: seed of the fuzzed messages")
+                       help="apparate: seed of --arrivals; chaos: of the fuzzed messages; e3, "
+                       "superserve, helios: of the stream's draws and arrivals")
     bench.add_argument("--constraint", type=loss_share, default=0.01, help="tolerated loss")
     bench.add_argument("--budget", type=non_negative_float, default=0.02, help="ramp budget")
     bench.add_argument("--delay-ms", type=float, default=None,
@@ -70,10 +135,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--scene-frames", metavar="MIN:MAX",
                        help="apparate --live, video: scene lengths in frames (default 16:120; a fixed "
                        "camera's run far longer, e.g. 600:1800)")
-    for more in (chaos_arguments, e3_arguments, superserve_arguments, decode_arguments,
-                 helios_arguments):
-        more(bench)
-    bench.set_defaults(fn=run)
 
 
 def chaos_arguments(bench: argparse.ArgumentParser) -> None:
@@ -86,7 +147,8 @@ def chaos_arguments(bench: argparse.ArgumentParser) -> None:
                        help="chaos: the client resends a request with no reply after S "
                        "seconds, once, same id, new reply subject (default: SLO + 1 s)")
     bench.add_argument("--slo-ms", type=float, metavar="MS",
-                       help="chaos: every request's SLO (default 1000)")
+                       help="every request's SLO (chaos: default 1000; e3: 10x the batch-16 "
+                       "full model; superserve: a multiple of the slowest variant's batch time)")
     bench.add_argument("--burst", type=int, metavar="N",
                        help="chaos: requests of the burst scenario (default 20000, --quick 5000)")
     bench.add_argument("--keep-state", action="store_true",
@@ -236,7 +298,10 @@ def default_json_path(which: str) -> Path:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
+    if parser is not None and (foreign := foreign_options(parser, args)):
+        parser.error(f"bench {args.which} does not read {', '.join(foreign)} (`offramp bench "
+                     f"{args.which} --help` lists its options)")
     # SIGTERM unwinds like Ctrl-C: the benches' `finally` blocks stop the private stacks
     # they started (a killed bench would leave them serving)
     if threading.current_thread() is threading.main_thread():

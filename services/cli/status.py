@@ -135,7 +135,8 @@ def render(status: dict[str, Any]) -> str:
 
 def register(sub: argparse._SubParsersAction) -> None:
     st = sub.add_parser("status", help="workers, queues, exit configs, recent latency, "
-                        "metrics ports")
+                        "metrics ports; exits 0 when a router answers, 1 when none does "
+                        "(scripts can wait on it)")
     st.add_argument("--json", action="store_true", help="everything as one JSON document")
     st.set_defaults(fn=run)
 
@@ -150,4 +151,4 @@ def run(args: argparse.Namespace) -> int:
     if (ports := metrics_ports.read(cfg.home)) is not None:  # a live `offramp up` here
         status["metrics"] = ports
     print(json.dumps(status, indent=2, default=str) if args.json else render(status))
-    return 0
+    return 1 if "error" in status.get("router", {}) else 0

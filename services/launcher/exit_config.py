@@ -79,6 +79,34 @@ def thresholds_asked(current: dict[int, float], active: list[int], threshold: fl
     return out
 
 
+def budget_note(cfg: Config, model: str, active: list[int], mode: str) -> str | None:
+    """``over_budget`` of the model as prepared here (None without a manifest: prepared on
+    another machine, as in compose)."""
+    from services.exits.latency_profile import LatencyProfile
+    from services.runtime.manifest import Manifest
+
+    if mode != "latency" or not active:
+        return None
+    try:
+        manifest = Manifest.load(cfg.models_dir / model)
+    except Exception:  # noqa: BLE001 - nothing to cost here
+        return None
+    return over_budget(LatencyProfile.from_manifest(manifest),
+                       sorted(r.index for r in manifest.ramps), active, cfg.ramp_budget)
+
+
+def over_budget(prof, ramp_ids: list[int], active: list[int], budget: float) -> str | None:
+    """A note when the active ramps cost more than ``budget`` of the full model (costed as a
+    worker pays them, ``prof`` with one site per ramp of ``ramp_ids``): an operator may go
+    over it by hand, but should know what every latency-mode request then pays."""
+    cost = sum(float(prof.ramp_cost_ms[ramp_ids.index(r)]) for r in active if r in ramp_ids)
+    if cost <= budget * prof.full_ms:
+        return None
+    return (f"note: the active ramps add {cost:.3f} ms, {cost / prof.full_ms:.1%} of the full "
+            f"model's {prof.full_ms:.3f} ms, over the ramp budget ({budget:.1%}, "
+            "OFFRAMP_RAMP_BUDGET): every latency-mode request pays them")
+
+
 def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | None,
                     sets: list[str], active: str | None, reason: str,
                     head_pins: list[str] | None = None, mode: str | None = None,
@@ -115,6 +143,8 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
     if idle and active_ramps:
         say(f"note: ramp(s) {idle} are not active; their thresholds apply once they are "
             "(--active)")
+    if (note := budget_note(cfg, model, active_ramps, row.mode)) is not None:
+        say(note)
     if active is None and not active_ramps and (threshold is not None or sets):
         say("note: no ramp is active in the config in force, so no threshold applies "
             "(--active all or a list turns ramps on)")

@@ -261,7 +261,9 @@ def get_spec(name: str) -> ModelSpec:
         return ZOO[name]
     except KeyError:
         raise ValueError(
-            f"unknown model {name!r}; known models: {', '.join(sorted(ZOO))}"
+            f"unknown model {name!r}; known models: {', '.join(sorted(ZOO))} (classifiers), "
+            f"{', '.join(SUPERNETS)} (supernets), {', '.join(LLMS)} (generative); or a path "
+            "to a model.onnx, a torch module file or a Hugging Face model folder"
         ) from None
 
 

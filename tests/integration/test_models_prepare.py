@@ -95,8 +95,9 @@ def test_force_rebuilds(tmp_path):
 
 
 def test_unknown_model(tmp_path):
-    with pytest.raises(ValueError, match="known models: chain-cnn, efficientnet-lite0, minilm-topics, tiny"):
+    with pytest.raises(ValueError, match="known models: chain-cnn, efficientnet-lite0, minilm-topics, tiny") as exc:
         prepare("resnet-9000", tmp_path, log=quiet)
+    assert "supernet-cnn" in str(exc.value) and "smollm2-135m" in str(exc.value)
     with pytest.raises(ValueError):
         sample_inputs("resnet-9000", 1)
     assert not os.listdir(tmp_path)

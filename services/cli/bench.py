@@ -76,7 +76,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="show the options of WHICH and exit")
     bench.add_argument("--json", metavar="OUT",
                        help="output file (default $OFFRAMP_HOME/bench/WHICH-<UTC time>.json)")
-    bench.add_argument("--model", help="default efficientnet-lite0 (chaos: tiny, e3: chain-cnn)")
+    bench.add_argument("--model", help="the model served (default: overhead, apparate "
+                       "efficientnet-lite0; chaos tiny; e3 --sim and --accuracy chain-cnn, e3 "
+                       "live minilm-topics; superserve live supernet-cnn, --sim: whose exit "
+                       "depths join the variant tables; decode smollm2-135m)")
     bench.add_argument("--trivial-model", default="tiny")
     bench.add_argument("--requests", type=positive_int,
                        help="overhead: requests per light-load run (default 300); apparate "

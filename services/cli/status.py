@@ -57,6 +57,18 @@ async def gather(nc, subject: str, first_s: float = 2.0, rest_s: float = 0.3) ->
     return got
 
 
+def stored_exit_configs(cfg: Config, models) -> dict[str, int]:
+    """The newest stored exit config version of each of ``models`` (none without a store)."""
+    from services.store.db import missing_sqlite_file
+    from services.store.repository import Store
+
+    if missing_sqlite_file(cfg.database_url) is not None:
+        return {}
+    with Store(cfg.database_url) as store:
+        rows = {m: store.latest_exit_config(m) for m in models}
+    return {m: r.version for m, r in rows.items() if r is not None}
+
+
 def helios_status(cfg: Config) -> dict[str, Any]:
     """Per generative model with streams or decisions: HELIOS's decision in force, the heads'
     tuned thresholds, and its streams' totals (token-level feedback included)."""
@@ -111,9 +123,14 @@ def render(status: dict[str, Any]) -> str:
         p95 = "-" if m["p95_ms"] is None else f"{m['p95_ms']:.1f}"
         lines.append(f"model {name}: ready={m['ready']} queue={m['queue']} served={m['served']} "
                      f"errors={m['errors']} early={m['early']} p50={p50}ms p95={p95}ms")
+        stored = (status.get("exit_configs") or {}).get(name)
         for w in m["workers"]:
+            # a worker reports the config of its last batch: a newer stored one is pending
+            pending = (f" (v{stored} pending: taken at its next batch)"
+                       if stored is not None and w["config_version"] < stored else "")
             lines.append(f"  worker {w['id']} stage={w['stage']} pid={w['pid']} credit={w['credit']} "
-                         f"exit_config=v{w['config_version']} gave_way={w.get('gave_way', 0)} "
+                         f"exit_config=v{w['config_version']}{pending} "
+                         f"gave_way={w.get('gave_way', 0)} "
                          f"set_aside={w.get('set_aside', 0)} late={w.get('late', 0)}")
     monitor = status.get("monitor", {})
     if "error" in monitor:
@@ -145,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_mod.load()
     status = asyncio.run(collect(cfg, server_url(cfg)))
     try:
+        status["exit_configs"] = stored_exit_configs(
+            cfg, sorted(status.get("router", {}).get("models", {})))
         status["helios"] = helios_status(cfg)
     except Exception as exc:  # noqa: BLE001 - a store problem must not hide the bus's status
         status["helios_error"] = repr(exc)

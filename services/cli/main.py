@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from services.cli import (
@@ -63,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}; is the stack up? (`offramp up`, or OFFRAMP_NATS_URL for "
               "another one)", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # the reader went away (`offramp db query ... | head`): stop quietly, as a shell
+        # tool would, and keep the interpreter's final flush from raising again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE
 
 
 if __name__ == "__main__":

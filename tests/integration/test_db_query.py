@@ -126,3 +126,22 @@ def test_exit_config_changes_keep_the_active_set_unless_told(store, url, monkeyp
     assert latest().version == version  # refused: nothing stored
     assert main(["exit-config", "tiny", "--active", str(ramps[1]), "--set", f"{ramps[0]}=0.1"]) == 0
     assert f"ramp(s) [{ramps[0]}] are not active" in capsys.readouterr().out
+
+
+def test_a_reader_that_goes_away_ends_the_query_quietly(tmp_path):
+    """`offramp db query ... | head -1`: no traceback when head stops reading."""
+    import subprocess
+    import sys
+
+    db = f"sqlite:///{tmp_path / 'o.db'}"
+    assert main(["db", "upgrade", "--url", db]) == 0
+    sql = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 200000) "
+           "SELECT x FROM c")
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "db", "query", sql,
+                             "--url", db, "--format", "csv"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == b"x\n"
+    proc.stdout.close()  # the reader goes away with most rows unread
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 141
+    assert "Traceback" not in err and "BrokenPipe" not in err

@@ -196,6 +196,17 @@ def chosen_policies(front: list[dict[str, Any]], wanted: str | None) -> dict[str
     return out
 
 
+def describe_variants(front: list[dict[str, Any]], depth: bool, ramp_budget: float) -> str:
+    """One line on the variants served: depth caps say where they come from, since the
+    fastest cap bounds what a worker can take on when another dies."""
+    rows = ", ".join(f"{r['subnet']} ({r['latency_ms']['16']:.1f} ms)" for r in front)
+    if not depth:
+        return f"{len(front)} frontier subnets, batch 16: {rows}"
+    return (f"depth caps, batch 16: {rows}; the caps are the active ramps of the initial exit "
+            f"config within the ramp budget ({ramp_budget:.1%}, OFFRAMP_RAMP_BUDGET): a larger "
+            "budget activates more ramps, a shallower fastest cap among them")
+
+
 def run_live(args, say) -> dict[str, Any]:
     base = config_mod.load()
     model = getattr(args, "model", None) or "supernet-cnn"
@@ -219,6 +230,8 @@ def run_live(args, say) -> dict[str, Any]:
     n = max([len(t) for t in traces.values()]
             + ([len(fault_times)] if fault_times is not None else []))
     say(f"{model}: {n} inputs" + (" and the full model's answers to them" if depth else ""))
+    say(describe_variants(front, depth, base.ramp_budget) + f"; SLO {slo:.1f} ms, offered "
+        f"{rate:.0f} req/s ({rate / k:.2f} K, K = {k:.0f} req/s by profile)")
     inputs, score = inputs_and_score(base, manifest, args.seed, n)
     load = Load(traces, inputs, score, slo, workers, fault_times, fault_s, warm_rps=rate)
     root = base.home / "bench-superserve" / model

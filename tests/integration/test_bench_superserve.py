@@ -91,3 +91,15 @@ def test_live_policies_by_name_prefix_or_any_frontier_subnet():
         chosen_policies(front, "variant=x")
     with pytest.raises(ValueError, match="unknown 'fastest'"):
         chosen_policies(front, "fastest")
+
+
+def test_the_live_bench_says_which_variants_it_serves_and_where_caps_come_from():
+    from services.bench.superserve_live import describe_variants
+
+    front = [{"subnet": "depth<=4", "agreement": 0.74, "latency_ms": {"16": 45.7}},
+             {"subnet": "depth<=final", "agreement": 1.0, "latency_ms": {"16": 83.4}}]
+    caps = describe_variants(front, True, 0.02)
+    assert "depth<=4 (45.7 ms), depth<=final (83.4 ms)" in caps
+    assert "OFFRAMP_RAMP_BUDGET" in caps and "2.0%" in caps
+    subnets = describe_variants(front, False, 0.02)
+    assert subnets.startswith("2 frontier subnets") and "OFFRAMP_RAMP_BUDGET" not in subnets

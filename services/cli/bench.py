@@ -301,8 +301,8 @@ def default_json_path(which: str) -> Path:
     return out
 
 
-def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
-    if parser is not None and (foreign := foreign_options(parser, args)):
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if foreign := foreign_options(parser, args):
         parser.error(f"bench {args.which} does not read {', '.join(foreign)} (`offramp bench "
                      f"{args.which} --help` lists its options)")
     # SIGTERM unwinds like Ctrl-C: the benches' `finally` blocks stop the private stacks

@@ -57,37 +57,33 @@ async def gather(nc, subject: str, first_s: float = 2.0, rest_s: float = 0.3) ->
     return got
 
 
-def stored_exit_configs(cfg: Config, models) -> dict[str, int]:
-    """The newest stored exit config version of each of ``models`` (none without a store)."""
+def stored_status(cfg: Config, served: list[str]) -> dict[str, Any]:
+    """What the store adds, in one visit (nothing without a store): the newest exit config
+    version of each served model, and ``helios_status``."""
     from services.store.db import missing_sqlite_file
     from services.store.repository import Store
 
     if missing_sqlite_file(cfg.database_url) is not None:
-        return {}
+        return {}  # no store here yet
     with Store(cfg.database_url) as store:
-        rows = {m: store.latest_exit_config(m) for m in models}
-    return {m: r.version for m, r in rows.items() if r is not None}
+        rows = {m: store.latest_exit_config(m) for m in served}
+        return {"exit_configs": {m: r.version for m, r in rows.items() if r is not None},
+                "helios": helios_status(store, cfg.models)}
 
 
-def helios_status(cfg: Config) -> dict[str, Any]:
+def helios_status(store, models) -> dict[str, Any]:
     """Per generative model with streams or decisions: HELIOS's decision in force, the heads'
     tuned thresholds, and its streams' totals (token-level feedback included)."""
-    from services.store.db import missing_sqlite_file
-    from services.store.repository import Store
-
     out: dict[str, Any] = {}
-    if missing_sqlite_file(cfg.database_url) is not None:
-        return out  # no store here yet
-    with Store(cfg.database_url) as store:
-        totals = store.generation_totals()
-        for model in sorted(set(totals) | set(cfg.models)):
-            decision = store.latest_helios_decision(model)
-            if decision is None and model not in totals:
-                continue
-            config = store.latest_exit_config(model)
-            out[model] = {"decision": decision, "streams": totals.get(model, {}),
-                          "thresholds": dict(config.thresholds)
-                          if config is not None and config.mode == "generation" else {}}
+    totals = store.generation_totals()
+    for model in sorted(set(totals) | set(models)):
+        decision = store.latest_helios_decision(model)
+        if decision is None and model not in totals:
+            continue
+        config = store.latest_exit_config(model)
+        out[model] = {"decision": decision, "streams": totals.get(model, {}),
+                      "thresholds": dict(config.thresholds)
+                      if config is not None and config.mode == "generation" else {}}
     return out
 
 
@@ -143,6 +139,8 @@ def render(status: dict[str, Any]) -> str:
         lines.append(f"monitor stored: {monitor.get('requests_stored', 0)} request rows, "
                      f"{monitor.get('windows_stored', 0)} windows, "
                      f"{monitor.get('generations_stored', 0)} generation streams")
+    if "store_error" in status:
+        lines.append(f"store: unreadable ({status['store_error']})")
     lines += _helios_lines(status.get("helios") or {}, served="error" not in router)
     metrics = status.get("metrics") or {}
     for name, port in sorted(metrics.get("ports", {}).items()):
@@ -162,11 +160,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_mod.load()
     status = asyncio.run(collect(cfg, server_url(cfg)))
     try:
-        status["exit_configs"] = stored_exit_configs(
-            cfg, sorted(status.get("router", {}).get("models", {})))
-        status["helios"] = helios_status(cfg)
+        status.update(stored_status(cfg, sorted(status.get("router", {}).get("models", {}))))
     except Exception as exc:  # noqa: BLE001 - a store problem must not hide the bus's status
-        status["helios_error"] = repr(exc)
+        status["store_error"] = repr(exc)
     if (ports := metrics_ports.read(cfg.home)) is not None:  # a live `offramp up` here
         status["metrics"] = ports
     print(json.dumps(status, indent=2, default=str) if args.json else render(status))

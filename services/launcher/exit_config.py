@@ -89,7 +89,7 @@ def budget_note(cfg: Config, model: str, active: list[int], mode: str) -> str | 
         return None
     try:
         manifest = Manifest.load(cfg.models_dir / model)
-    except Exception:  # noqa: BLE001 - nothing to cost here
+    except (OSError, ValueError, KeyError):  # not prepared here (compose): nothing to cost
         return None
     return over_budget(LatencyProfile.from_manifest(manifest),
                        sorted(r.index for r in manifest.ramps), active, cfg.ramp_budget)

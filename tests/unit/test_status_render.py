@@ -33,3 +33,10 @@ def test_a_worker_behind_the_stored_exit_config_shows_it_pending():
     assert "exit_config=v4 gave_way" in current and "pending" not in current
     unknown = render({"nats": "x", "router": _router(3), "monitor": {}})
     assert "pending" not in unknown
+
+
+def test_a_store_that_cannot_be_read_is_said_beside_the_bus_status():
+    out = render({"nats": "x", "router": _router(3), "monitor": {},
+                  "store_error": "OperationalError('locked')"})
+    assert "store: unreadable (OperationalError('locked'))" in out
+    assert "worker w1" in out

@@ -4,11 +4,12 @@ early-exit model's depth caps, on this machine, on the same bursty arrivals (Sup
 
     offramp bench superserve --json OUT [--model supernet-cnn|efficientnet-lite0|...]
         [--workers 2] [--seconds 20] [--seed 0] [--slo-ms MS] [--rate R]
-        [--policies slackfit,maxacc,maxbatch,infaas,clipper+,variant=KEY]
+        [--policies slackfit,maxacc,maxbatch,infaas,clipper+,variant=KEY] [--caps R,...|budget]
 
-An early-exit model runs in compute mode with the depth caps its stack registers as the
-variants (:mod:`services.bench.superserve_depth`); its accuracy is measured per answer
-against the full model. The rest of this docstring says "subnet" for either.
+An early-exit model runs in compute mode with depth caps as the variants
+(:mod:`services.bench.superserve_depth`): by default the cheapest trained ramp and two
+spread over the model's cost, made the active ramps of its exit config; its accuracy is
+measured per answer against the full model. The rest of this docstring says "subnet" for either.
 
 Live, not simulated. Each policy gets a private stack (``offramp up``'s supervisor: its own
 state folder and nats-server) serving the model with ``--workers`` workers of one torch
@@ -33,7 +34,7 @@ import asyncio
 import re
 import shutil
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,7 @@ class Load:
     faults: np.ndarray | None = None
     fault_s: float = 0.0
     warm_rps: float = 50.0
+    caps: list[int] = field(default_factory=list)  # an early-exit model's depth caps
 
 
 def run_policy(cfg, model: str, load: Load, say, depth: bool) -> dict:
@@ -124,7 +126,8 @@ def run_policy(cfg, model: str, load: Load, say, depth: bool) -> dict:
     prepare_state(cfg, say=lambda m: None)
     if depth:  # caps stop the batch only in compute mode
         with Store(cfg.database_url) as store:
-            store.ensure_exit_mode(model, "compute", "compute mode: bench superserve")
+            superserve_depth.serve_caps(store, Manifest.load(cfg.models_dir / model),
+                                        load.caps)
     sup = Supervisor(cfg, Deployment((model,), replicas=load.workers),
                      log_dir=cfg.home / "logs")
     out = {}
@@ -196,15 +199,14 @@ def chosen_policies(front: list[dict[str, Any]], wanted: str | None) -> dict[str
     return out
 
 
-def describe_variants(front: list[dict[str, Any]], depth: bool, ramp_budget: float) -> str:
-    """One line on the variants served: depth caps say where they come from, since the
-    fastest cap bounds what a worker can take on when another dies."""
+def describe_variants(front: list[dict[str, Any]], caps_from: str | None) -> str:
+    """One line on the variants served; depth caps (``caps_from`` says whence) say where
+    they come from, since the fastest cap bounds what the workers can take on in a burst
+    or when one of them dies."""
     rows = ", ".join(f"{r['subnet']} ({r['latency_ms']['16']:.1f} ms)" for r in front)
-    if not depth:
+    if caps_from is None:
         return f"{len(front)} frontier subnets, batch 16: {rows}"
-    return (f"depth caps, batch 16: {rows}; the caps are the active ramps of the initial exit "
-            f"config within the ramp budget ({ramp_budget:.1%}, OFFRAMP_RAMP_BUDGET): a larger "
-            "budget activates more ramps, a shallower fastest cap among them")
+    return f"depth caps, batch 16: {rows}; the caps: {caps_from}"
 
 
 def run_live(args, say) -> dict[str, Any]:
@@ -214,8 +216,9 @@ def run_live(args, say) -> dict[str, Any]:
     depth = manifest.kind != "supernet"
     workers = args.workers or 2
     seconds = args.seconds or 20.0
-    front = (superserve_depth.cap_frontier(manifest, base.ramp_budget) if depth
-             else frontier(manifest))
+    caps, caps_from = (superserve_depth.chosen_caps(manifest, getattr(args, "caps", None),
+                                                    base.ramp_budget) if depth else ([], None))
+    front = superserve_depth.cap_frontier(manifest, caps) if depth else frontier(manifest)
     top = front[-1]["latency_ms"]["16"]
     slo = args.slo_ms or max(MIN_SLO_MS, SLO_FACTOR * top)
     k = workers * 16 / (top / 1e3)
@@ -230,10 +233,11 @@ def run_live(args, say) -> dict[str, Any]:
     n = max([len(t) for t in traces.values()]
             + ([len(fault_times)] if fault_times is not None else []))
     say(f"{model}: {n} inputs" + (" and the full model's answers to them" if depth else ""))
-    say(describe_variants(front, depth, base.ramp_budget) + f"; SLO {slo:.1f} ms, offered "
+    say(describe_variants(front, caps_from) + f"; SLO {slo:.1f} ms, offered "
         f"{rate:.0f} req/s ({rate / k:.2f} K, K = {k:.0f} req/s by profile)")
     inputs, score = inputs_and_score(base, manifest, args.seed, n)
-    load = Load(traces, inputs, score, slo, workers, fault_times, fault_s, warm_rps=rate)
+    load = Load(traces, inputs, score, slo, workers, fault_times, fault_s, warm_rps=rate,
+                caps=caps)
     root = base.home / "bench-superserve" / model
     shutil.rmtree(root, ignore_errors=True)
     results = {}
@@ -244,6 +248,7 @@ def run_live(args, say) -> dict[str, Any]:
         results[name] = run_policy(cfg, model, load, say, depth)
     return {"mode": "live", "machine": machine(), "model": model, "workers": workers,
             "variants": "depth caps (compute mode)" if depth else "subnets",
+            "caps": caps if depth else None,
             "seconds": seconds, "slo_ms": slo, "rate_rps": rate, "capacity_rps": k,
             "traces": {n: len(t) for n, t in traces.items()},
             "faults": None if fault_times is None else {

@@ -31,7 +31,7 @@ OPTIONS = {
               "keep_state"},
     "e3": {"model", "requests", "seed", "constraint", "slo_ms", "sim", "workers", "seconds"} | _E3,
     "superserve": {"model", "plot", "seed", "slo_ms", "sim", "workers", "seconds", "profile",
-                   "rate", "faults", "policies"},
+                   "rate", "faults", "policies", "caps"},
     "decode": {"model", "batch", "rounds", "depth", "bounds"} | _GENERATION,
     "helios": {"requests", "concurrency", "plot", "seed", "sim", "policies"} | _GENERATION
               | _HELIOS,
@@ -236,6 +236,11 @@ def superserve_arguments(bench: argparse.ArgumentParser) -> None:
                        help="superserve live: also a bursty trace (2 x --seconds) during "
                        "which each worker is killed in turn and comes back; with --plot, "
                        "attainment and accuracy per second")
+    bench.add_argument("--caps", metavar="R,...|budget",
+                       help="superserve live on an early-exit model: the ramps served as depth "
+                       "caps (default: the cheapest trained ramp and two spread over the "
+                       "model's cost; budget: the initial deployment's, within "
+                       "OFFRAMP_RAMP_BUDGET)")
     bench.add_argument("--policies", metavar="P,...",
                        help="superserve live: the policies to run (slackfit, maxacc, maxbatch, "
                        "infaas, clipper+, variant=KEY for Clipper+ on any frontier subnet; "

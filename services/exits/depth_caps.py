@@ -129,6 +129,44 @@ def cap_rows(batch_sizes: Sequence[int], block_ms: np.ndarray, head_ms: np.ndarr
     return rows
 
 
+def lever_caps(manifest: Mapping, count: int = 3, batch: int = 16) -> list[int]:
+    """The ramps to serve as depth caps when the caps are SuperServe's lever (a compute-mode
+    model under a variant policy), rather than Apparate's latency-mode exits within the
+    ramp budget. A cap's worth there is the throughput range it opens: the fastest cap
+    bounds the load the workers can take in a burst, or when one of them dies. So: among
+    the trained ramps no other beats on held-out agreement at no more cost (the cost at
+    batch ``batch``: the blocks up to the ramp's site), the cheapest, then the ones
+    nearest to ``count - 1`` evenly spaced costs between it and the whole model; fewer
+    when they coincide. Ramp indices in site order; [] for a model without trained ramps."""
+    blocks = sorted(manifest.get("blocks", []), key=lambda b: int(b["index"]))
+
+    def block_ms(b: Mapping) -> float:
+        return float((b.get("cost_by_batch") or {}).get(str(batch), b.get("cost_ms", 0.0)))
+
+    upto = np.cumsum([block_ms(b) for b in blocks]) if blocks else np.zeros(0)
+    ramps = [(float(upto[int(r["after_block"])]), -float(r["agreement"]), int(r["index"]))
+             for r in manifest.get("ramps", [])
+             if r.get("trained", True) and r.get("agreement") is not None
+             and int(r["after_block"]) < len(upto)]
+    front, best = [], -math.inf
+    for cost, neg_agree, index in sorted(ramps):
+        if -neg_agree > best:
+            front.append((cost, index))
+            best = -neg_agree
+    if not front or count < 1:
+        return []
+    lo, hi = front[0][0], float(upto[-1])
+    chosen = [front[0][1]]
+    for j in range(1, count):
+        target = lo + j * (hi - lo) / count
+        near = min(front, key=lambda c: abs(c[0] - target))[1]
+        if near not in chosen:
+            chosen.append(near)
+    order = {int(r["index"]): (int(r["after_block"]), int(r["index"]))
+             for r in manifest.get("ramps", [])}
+    return sorted(chosen, key=order.__getitem__)
+
+
 def cap_accuracy(manifest: Mapping, feedback: Mapping[int | None, float]) -> dict[int | None, float]:
     """Each cap's accuracy: the monitor's measure (``feedback``: ramp, or None for the
     final cap, -> agreement) where it has one, else the ramp's held-out agreement from

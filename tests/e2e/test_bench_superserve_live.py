@@ -58,6 +58,7 @@ def test_live_bench_serves_an_early_exit_model_by_depth_cap(models_dir, tmp_path
                      "2000", "--rate", "100", "--policies", "slackfit,clipper+ most",
                      "--faults", "--plot", str(tmp_path / "faults.svg"))
     assert doc["variants"] == "depth caps (compute mode)"
+    assert doc["caps"] == [0, 1, 2]  # the tiny model's three ramps, spread as the lever's
     assert all(r["subnet"].startswith("depth<=") for r in doc["frontier"])
     assert doc["frontier"][-1]["subnet"] == "depth<=final"
     for policy, per in doc["results"].items():

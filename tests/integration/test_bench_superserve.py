@@ -79,6 +79,25 @@ def test_exit_depths_of_an_early_exit_model_are_variants(models_dir):
         assert all(a.latency(n) <= b.latency(n) + 1e-9 for n in (1, 4, 16))
 
 
+def test_the_caps_an_early_exit_model_serves_by_default_budget_or_by_name(models_dir):
+    from services.bench.superserve_depth import cap_frontier, chosen_caps
+    from services.exits.depth_caps import lever_caps
+    from services.exits.initial import initial_ramps
+    from services.runtime.manifest import Manifest
+
+    m = Manifest.load(models_dir / "efficientnet-lite0")
+    caps, whence = chosen_caps(m, None, 0.02)
+    assert caps == lever_caps(m.to_dict()) and len(caps) == 3 and "cheapest" in whence
+    assert chosen_caps(m, "budget", 0.02)[0] == initial_ramps(m, 0.02)
+    assert chosen_caps(m, "6, 2", 0.02) == ([2, 6], "as --caps names them")
+    for bad in ("99", "x", ","):
+        with pytest.raises(ValueError, match="trained ramps"):
+            chosen_caps(m, bad, 0.02)
+    front = cap_frontier(m, [2, 6])
+    assert {r["subnet"] for r in front} <= {"depth<=2", "depth<=6", "depth<=final"}
+    assert front[-1]["subnet"] == "depth<=final"
+
+
 def test_live_policies_by_name_prefix_or_any_frontier_subnet():
     from services.bench.superserve_live import chosen_policies
 
@@ -98,8 +117,8 @@ def test_the_live_bench_says_which_variants_it_serves_and_where_caps_come_from()
 
     front = [{"subnet": "depth<=4", "agreement": 0.74, "latency_ms": {"16": 45.7}},
              {"subnet": "depth<=final", "agreement": 1.0, "latency_ms": {"16": 83.4}}]
-    caps = describe_variants(front, True, 0.02)
+    caps = describe_variants(front, "as --caps names them")
     assert "depth<=4 (45.7 ms), depth<=final (83.4 ms)" in caps
-    assert "OFFRAMP_RAMP_BUDGET" in caps and "2.0%" in caps
-    subnets = describe_variants(front, False, 0.02)
-    assert subnets.startswith("2 frontier subnets") and "OFFRAMP_RAMP_BUDGET" not in subnets
+    assert caps.endswith("the caps: as --caps names them")
+    subnets = describe_variants(front, None)
+    assert subnets.startswith("2 frontier subnets") and "caps" not in subnets

@@ -76,3 +76,25 @@ def test_rows_cover_the_active_caps_and_final_and_flag_the_frontier() -> None:
     assert {r["variant"] for r in dc.cap_rows((1, 16), block, head, (5, 6), (0, 1), [6],
                                                {5: 0.7, 6: 0.8, None: 1.0})} == {
         "depth<=6", "depth<=final"}
+
+
+def _lever_manifest(agreements, block_ms, trained=None) -> dict:
+    """Blocks of ``block_ms`` (at batch 16), ramp k after block k with ``agreements[k]``."""
+    trained = trained or [True] * len(agreements)
+    return {"blocks": [{"index": k, "cost_ms": 0.1, "cost_by_batch": {"16": ms}}
+                       for k, ms in enumerate(block_ms)],
+            "ramps": [{"index": k, "after_block": k, "agreement": a, "trained": t}
+                      for k, (a, t) in enumerate(zip(agreements, trained))]}
+
+
+def test_lever_caps_are_the_cheapest_pareto_ramp_and_ones_spread_over_the_cost() -> None:
+    # cumulative cost at ramps 0..5: 10, 20, 40, 50, 60, 70; the whole model 100
+    doc = _lever_manifest([0.5, 0.4, 0.7, 0.75, 0.74, 0.8], [10, 10, 20, 10, 10, 10, 30])
+    # ramp 1 and 4 are beaten by a cheaper ramp; targets 10 + 30 = 40 and 10 + 60 = 70
+    assert dc.lever_caps(doc) == [0, 2, 5]
+    assert dc.lever_caps(doc, count=1) == [0]
+    assert dc.lever_caps(doc, count=2) == [0, 3]          # 55: ramp 3 at 50 is nearest
+    # an untrained ramp is never a cap; nor is a model without trained ramps capped
+    doc = _lever_manifest([0.5, 0.6], [10, 10, 80], trained=[False, True])
+    assert dc.lever_caps(doc) == [1]
+    assert dc.lever_caps(_lever_manifest([0.5], [10, 10], trained=[False])) == []

@@ -18,9 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     ec.add_argument("--threshold", type=float, help="one threshold for every active ramp")
     ec.add_argument("--set", action="append", default=[], metavar="RAMP=THRESHOLD",
                     help="one ramp's threshold (repeatable; over --threshold for its ramp)")
-    ec.add_argument("--active", help="all, none (vanilla) or a comma list of ramps "
-                    "(default: the active set in force); a set over the ramp budget is "
-                    "stored with a note of its cost")
+    ec.add_argument("--active", help="all, none (vanilla), caps (depth caps for a variant "
+                    "router policy: the cheapest trained ramp and two spread over the "
+                    "model's cost; with --mode compute) or a comma list of ramps (default: "
+                    "the active set in force); a set over the ramp budget is stored with a "
+                    "note of its cost")
     ec.add_argument("--head", action="append", default=[], metavar="RAMP=VERSION",
                     help="serve this stored head version of a ramp (0: the prepared head); "
                     "rolls back a refit. Later refits must beat it to replace it")

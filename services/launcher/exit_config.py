@@ -9,6 +9,7 @@ from schemas.messages import ExitConfig
 from services.common import bus
 from services.common.config import Config
 from services.common.credentials import login_for
+from services.exits.depth_caps import lever_caps
 from services.store.repository import Store
 
 
@@ -41,10 +42,13 @@ def pinned_heads(store: Store, model: str, current: dict[int, str], pins: list[s
     return heads
 
 
-def active_set(spec: str | None, ramps: list[int], in_force: list[int] | None) -> list[int]:
-    """The active ramps ``--active`` asks for: ``all``, ``none`` (vanilla) or a comma list;
-    without it the set in force, so a threshold, a head pin or a mode change leaves the
-    deployment's ramps alone (every ramp for a model with no config yet)."""
+def active_set(spec: str | None, ramps: list[int], in_force: list[int] | None,
+               caps: list[int] | None = None) -> list[int]:
+    """The active ramps ``--active`` asks for: ``all``, ``none`` (vanilla), ``caps`` (the
+    depth caps SuperServe's lever wants, ``caps``: :func:`~services.exits.depth_caps.
+    lever_caps` of the model) or a comma list; without it the set in force, so a
+    threshold, a head pin or a mode change leaves the deployment's ramps alone (every ramp
+    for a model with no config yet)."""
     if spec is None:
         return list(in_force) if in_force is not None else list(ramps)
     word = spec.strip().lower()
@@ -52,10 +56,14 @@ def active_set(spec: str | None, ramps: list[int], in_force: list[int] | None) -
         return []
     if word == "all":
         return list(ramps)
+    if word == "caps":
+        if not caps:
+            raise ValueError("--active caps: the model has no trained ramp to cap at")
+        return list(caps)
     try:
         chosen = [int(a) for a in spec.split(",") if a.strip()]
     except ValueError:
-        raise ValueError(f"--active {spec!r}: use all, none or a comma list of ramps "
+        raise ValueError(f"--active {spec!r}: use all, none, caps or a comma list of ramps "
                          f"(model has {ramps})") from None
     unknown = set(chosen) - set(ramps)
     if unknown:
@@ -120,7 +128,9 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
         latest = store.latest_exit_config(model)
         mode = mode or (latest.mode if latest else "latency")
         try:
-            active_ramps = active_set(active, ramps, None if latest is None else latest.active)
+            active_ramps = active_set(active, ramps, None if latest is None else latest.active,
+                                      lever_caps(store.model(model)["manifest"])
+                                      if (active or "").strip().lower() == "caps" else None)
             thresholds = thresholds_asked(dict(latest.thresholds) if latest else
                                           dict.fromkeys(ramps, 0.0), active_ramps, threshold,
                                           sets)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from services.cli.main import main
+from services.exits.depth_caps import lever_caps
 from tests.integration.test_store_repository import MANIFEST
 
 
@@ -111,7 +112,7 @@ def test_exit_config_changes_keep_the_active_set_unless_told(store, url, monkeyp
     assert latest().active == [] and "no ramp is active" in capsys.readouterr().out
     version = latest().version
     assert main(["exit-config", "tiny", "--active", "x,1"]) == 2
-    assert "use all, none or a comma list" in capsys.readouterr().out
+    assert "use all, none, caps or a comma list" in capsys.readouterr().out
     assert main(["exit-config", "tiny", "--active", "99"]) == 2
     assert "unknown ramp(s) [99]" in capsys.readouterr().out
     assert main(["exit-config", "tiny", "--threshold", "1.5"]) == 2  # even with none active
@@ -126,6 +127,8 @@ def test_exit_config_changes_keep_the_active_set_unless_told(store, url, monkeyp
     assert latest().version == version  # refused: nothing stored
     assert main(["exit-config", "tiny", "--active", str(ramps[1]), "--set", f"{ramps[0]}=0.1"]) == 0
     assert f"ramp(s) [{ramps[0]}] are not active" in capsys.readouterr().out
+    assert main(["exit-config", "tiny", "--active", "caps", "--mode", "compute"]) == 0
+    assert latest().active == lever_caps(MANIFEST) != [] and latest().mode == "compute"
 
 
 def test_a_reader_that_goes_away_ends_the_query_quietly(tmp_path):

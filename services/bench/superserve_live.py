@@ -175,6 +175,19 @@ def inputs_and_score(base, manifest: Manifest, seed: int, n: int):
     return inputs, lambda o: float(o.label == ref[o.index])
 
 
+def policy_names(wanted: str) -> list[str]:
+    """``--policies`` split at its commas, except those inside a subnet key: a conv
+    supernet's ``D=2,1,2,1;W=1,0.75,0.5,0.5`` has them, and no policy name starts with a
+    digit, so a part that does continues the ``variant=`` before it."""
+    out: list[str] = []
+    for part in (p.strip() for p in wanted.split(",")):
+        if out and part[:1].isdigit() and out[-1].startswith("variant="):
+            out[-1] += "," + part
+        elif part:
+            out.append(part)
+    return out
+
+
 def chosen_policies(front: list[dict[str, Any]], wanted: str | None) -> dict[str, str]:
     """The policies ``--policies`` names (name prefixes, or ``variant=KEY`` for Clipper+ on
     any frontier subnet); all of them without it."""
@@ -183,7 +196,7 @@ def chosen_policies(front: list[dict[str, Any]], wanted: str | None) -> dict[str
         return chosen
     agreement = {r["subnet"]: r["agreement"] for r in front}
     out: dict[str, str] = {}
-    for w in filter(None, (w.strip() for w in wanted.split(","))):
+    for w in policy_names(wanted):
         if w.startswith("variant="):
             key = w.removeprefix("variant=")
             if key not in agreement:

@@ -1,9 +1,10 @@
-"""A worker's rehearsal before it takes work: a few batches of placeholder inputs through
-the very path its batches take, so its first real batches do not pay the runtime's cold
-start. Building a session is not enough: ONNX Runtime's first runs (and the first at a
-larger batch) allocate and plan, and on a 2-core CPU EfficientNet-Lite0's first batch of
-16 took 1.6-1.8x its usual time, its second 1.2x, its first of 11 1.3x. A worker restarted under load (a killed worker coming
-back) would pay that on deadline-bound batches; here it pays it on nothing."""
+"""A worker's rehearsal of a new split before it applies it: a few batches of placeholder
+inputs through the very path its batches will take, so the first real ones do not pay the
+runtime's cold start. Building a session is not enough: ONNX Runtime's first runs (and the
+first at a larger batch) allocate and plan, and on a 2-core CPU EfficientNet-Lite0's first
+batch of 16 took 1.6-1.8x its usual time, its second 1.2x, its first of 11 1.3x. A
+compute-mode config with another active set splits the stage into new sessions; batches
+go on under the old config while the new one rehearses at low priority."""
 
 from __future__ import annotations
 

@@ -108,6 +108,11 @@ def test_live_policies_by_name_prefix_or_any_frontier_subnet():
                    "clipper+ m (80.00)": "variant=m"}
     with pytest.raises(ValueError, match="not on the frontier"):
         chosen_policies(front, "variant=x")
+    conv = [{"subnet": k, "agreement": a} for k, a in (("D=1,1;W=0.25,1", 0.9),
+                                                      ("D=2,2;W=1,1", 1.0))]
+    assert chosen_policies(conv, "variant=D=1,1;W=0.25,1, slackfit,variant=D=2,2;W=1,1") == {
+        "clipper+ D=1,1;W=0.25,1 (90.00)": "variant=D=1,1;W=0.25,1", "slackfit": "slackfit",
+        "clipper+ D=2,2;W=1,1 (100.00)": "variant=D=2,2;W=1,1"}
     with pytest.raises(ValueError, match="unknown 'fastest'"):
         chosen_policies(front, "fastest")
 

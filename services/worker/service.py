@@ -260,12 +260,19 @@ class Worker(ComputeMode):
         """Run ``config``'s path on placeholder batches (:mod:`services.worker.rehearsal`):
         a failure costs only the cold start it would have saved, so it is logged, not raised."""
         compute = config.mode == COMPUTE
+        sizes = rehearsal_sizes(self.cfg.max_batch)
+        t0 = time.perf_counter()
         try:
             rehearse(self.runtime, self.manifest, self.ramps, self.plan.first_block,
                      self.plan.last_block, self.running(config) if compute else config,
-                     rehearsal_sizes(self.cfg.max_batch), compute)
+                     sizes, compute)
         except Exception as exc:  # noqa: BLE001
-            self.log.warning("rehearsal failed %s", logs.kv(error=repr(exc)))
+            self.log.warning("rehearsal failed %s", logs.kv(version=config.version,
+                                                            error=repr(exc)))
+            return
+        self.log.info("exit config rehearsed %s", logs.kv(
+            version=config.version, active=sorted(config.active), batches=sizes,
+            ms=round((time.perf_counter() - t0) * 1e3, 1)))
 
     def note_batch(self, rows: int, ms: float) -> None:
         """Count a batch for the next heartbeat (from the compute thread: one list swap)."""

@@ -7,8 +7,9 @@ weights, and ``depth<=final`` is the model itself. The caps are the lever's by d
 (:func:`services.exits.depth_caps.lever_caps`), not the initial deployment's: the ramp
 budget places latency-mode exits, and left the fastest cap at half the model's cost,
 so one worker could not carry a burst when its peer died. Their profiles are estimated
-(:func:`services.exits.depth_caps.cap_profile`) until the stack's profiler measures them. Accuracy is measured per
-answer: agreement with the full model's top-1 on the same input, computed here offline.
+(:func:`services.exits.depth_caps.cap_profile`) until the stack's profiler measures them.
+Accuracy is measured per answer: agreement with the full model's top-1 on the same input,
+computed here offline.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from schemas import subjects
 from schemas.messages import ExitConfig
@@ -43,12 +44,12 @@ def pinned_heads(store: Store, model: str, current: dict[int, str], pins: list[s
 
 
 def active_set(spec: str | None, ramps: list[int], in_force: list[int] | None,
-               caps: list[int] | None = None) -> list[int]:
+               caps: Callable[[], list[int]] = list) -> list[int]:
     """The active ramps ``--active`` asks for: ``all``, ``none`` (vanilla), ``caps`` (the
-    depth caps SuperServe's lever wants, ``caps``: :func:`~services.exits.depth_caps.
-    lever_caps` of the model) or a comma list; without it the set in force, so a
-    threshold, a head pin or a mode change leaves the deployment's ramps alone (every ramp
-    for a model with no config yet)."""
+    depth caps SuperServe's lever wants: ``caps()``, the model's
+    :func:`~services.exits.depth_caps.lever_caps`) or a comma list; without it the set in
+    force, so a threshold, a head pin or a mode change leaves the deployment's ramps alone
+    (every ramp for a model with no config yet)."""
     if spec is None:
         return list(in_force) if in_force is not None else list(ramps)
     word = spec.strip().lower()
@@ -57,9 +58,10 @@ def active_set(spec: str | None, ramps: list[int], in_force: list[int] | None,
     if word == "all":
         return list(ramps)
     if word == "caps":
-        if not caps:
+        chosen = caps()
+        if not chosen:
             raise ValueError("--active caps: the model has no trained ramp to cap at")
-        return list(caps)
+        return chosen
     try:
         chosen = [int(a) for a in spec.split(",") if a.strip()]
     except ValueError:
@@ -129,8 +131,7 @@ def set_exit_config(cfg: Config, nats_url: str, model: str, threshold: float | N
         mode = mode or (latest.mode if latest else "latency")
         try:
             active_ramps = active_set(active, ramps, None if latest is None else latest.active,
-                                      lever_caps(store.model(model)["manifest"])
-                                      if (active or "").strip().lower() == "caps" else None)
+                                      lambda: lever_caps(store.model(model)["manifest"]))
             thresholds = thresholds_asked(dict(latest.thresholds) if latest else
                                           dict.fromkeys(ramps, 0.0), active_ramps, threshold,
                                           sets)

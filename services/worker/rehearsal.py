@@ -15,7 +15,7 @@ import numpy as np
 
 from schemas.messages import ExitConfig
 from services.runtime.manifest import Manifest
-from services.worker.stage_exec import execute, execute_compute
+from services.worker.stage_exec import execute_compute
 
 TEXT_LENGTH = 16  # tokens: a variable sequence axis is rehearsed at this length
 
@@ -56,18 +56,13 @@ def rehearsal_sizes(max_batch: int) -> list[int]:
 
 
 def rehearse(runtime, manifest: Manifest, ramps, first_block: int, last_block: int,
-             config: ExitConfig, batch_sizes: Sequence[int], compute: bool) -> int:
-    """Run the stage once per entry of ``batch_sizes`` on placeholders, as ``config`` runs
-    it in compute mode (``compute``: split at its active ramps) or in latency mode; the
-    answers go nowhere. Returns how many batches ran."""
+             config: ExitConfig, batch_sizes: Sequence[int]) -> int:
+    """Run the stage once per entry of ``batch_sizes`` on placeholders, split at
+    ``config``'s active ramps as compute mode runs it; the answers go nowhere. Returns how
+    many batches ran."""
     quiet = rehearsal_config(config)
     for b in batch_sizes:
         x, model_inputs = stage_inputs(manifest, first_block, b)
-        exit_at = np.full(b, -1, np.int32)
-        if compute:
-            execute_compute(runtime, ramps, first_block, last_block, x, exit_at, quiet, None,
-                            np.zeros(b, bool), model_inputs=model_inputs)
-        else:
-            execute(runtime, ramps, first_block, last_block, x, exit_at, quiet,
-                    model_inputs=model_inputs)
+        execute_compute(runtime, ramps, first_block, last_block, x, np.full(b, -1, np.int32),
+                        quiet, None, np.zeros(b, bool), model_inputs=model_inputs)
     return len(batch_sizes)

@@ -257,15 +257,14 @@ class Worker(ComputeMode):
             self.rehearse(config)
 
     def rehearse(self, config: ExitConfig) -> None:
-        """Run ``config``'s path on placeholder batches (:mod:`services.worker.rehearsal`):
-        a failure costs only the cold start it would have saved, so it is logged, not raised."""
-        compute = config.mode == COMPUTE
+        """Run compute-mode ``config``'s split on placeholder batches
+        (:mod:`services.worker.rehearsal`): a failure costs only the cold start it would
+        have saved, so it is logged, not raised."""
         sizes = rehearsal_sizes(self.cfg.max_batch)
         t0 = time.perf_counter()
         try:
             rehearse(self.runtime, self.manifest, self.ramps, self.plan.first_block,
-                     self.plan.last_block, self.running(config) if compute else config,
-                     sizes, compute)
+                     self.plan.last_block, self.running(config), sizes)
         except Exception as exc:  # noqa: BLE001
             self.log.warning("rehearsal failed %s", logs.kv(version=config.version,
                                                             error=repr(exc)))

@@ -76,18 +76,17 @@ def test_rehearse_runs_each_batch_size_in_order_through_the_split_path():
     cfg = ExitConfig("m", 1, "compute", {0: 0.9, 1: 0.9}, [0, 1])  # would exit every row
     rt = RecordingRuntime()
     m = manifest([TensorSpec("image", "|u1", [3, 8, 8])])
-    assert rehearse(rt, m, ramps, 0, 3, cfg, (16, 1), compute=True) == 2
+    assert rehearse(rt, m, ramps, 0, 3, cfg, (16, 1)) == 2
     # every range of the split path at 16, then at 1: nothing exited on the way
     assert rt.ranges == [(0, 1, 16, 0), (1, 2, 16, 1), (2, 3, 16, None),
                          (0, 1, 1, 0), (1, 2, 1, 1), (2, 3, 1, None)]
 
 
-def test_rehearse_in_latency_mode_runs_the_stage_from_its_first_block():
+def test_rehearse_a_later_stage_from_its_first_block():
     ramps = [SimpleNamespace(index=1, after_block=1)]
     rt = RecordingRuntime()
     m = manifest([TensorSpec("image", "|u1", [3, 8, 8])])
-    rehearse(rt, m, ramps, 1, 3, ExitConfig("m", 0, thresholds={1: 0.0}, active=[1]), (4,),
-             compute=False)
+    rehearse(rt, m, ramps, 1, 3, ExitConfig("m", 0, "compute", {1: 0.0}, [1]), (4,))
     assert rt.ranges == [(1, 2, 4, 1), (2, 3, 4, None)]
 
 

@@ -39,7 +39,11 @@ class GenerationRecord:
     as judge (HELIOS's evaluation), so that candidates' perplexities compare; else None.
     A judged stream is reported twice: with ``judging`` set beside its terminal message (the
     stream is on record even if the worker dies before the judge is done), then again with
-    ``judged_logprob``, which completes that record and adds nothing else."""
+    ``judged_logprob``, which completes that record and adds nothing else. ``decode_ms``: the
+    time the worker spent in the decoding calls that advanced this stream (its prefill and
+    each step of its candidate's decoder), without other candidates' steps or judge passes
+    sharing its rounds: what the candidate itself cost it; None from a worker that does not
+    measure it."""
 
     id: str
     t: float                  # unix seconds the router received it
@@ -59,6 +63,7 @@ class GenerationRecord:
     first_deviation: int | None = None
     judged_logprob: float | None = None
     judging: bool = False     # the served model is scoring it: judged_logprob follows
+    decode_ms: float | None = None  # in its own candidate's decoding calls
 
     @property
     def completes(self) -> bool:
@@ -88,7 +93,8 @@ class GenerationRecord:
                                     else int(self.first_deviation)),
                 "judged_logprob": (None if self.judged_logprob is None
                                    else float(self.judged_logprob)),
-                "judging": bool(self.judging)}
+                "judging": bool(self.judging),
+                "decode_ms": None if self.decode_ms is None else float(self.decode_ms)}
 
     @classmethod
     def from_map(cls, rec: Any, i: int) -> GenerationRecord:
@@ -104,6 +110,9 @@ class GenerationRecord:
         first = r.integer("first_deviation", None)
         if first is not None and not 0 <= first < tokens:
             raise r.error(f"first_deviation {first} must index the {tokens} tokens")
+        decode_ms = r.number("decode_ms", None)
+        if decode_ms is not None and decode_ms < 0:
+            raise r.error(f"decode_ms {decode_ms} must be >= 0")
         return cls(id=r.text("id"), t=r.number("t"), candidate=r.text("candidate"),
                    depth=r.integer("depth"), assessment=r.integer("assessment", None),
                    prompt_tokens=r.integer("prompt_tokens"), tokens=tokens,
@@ -112,7 +121,7 @@ class GenerationRecord:
                    exits={k: int(v) for k, v in exits.items()}, breach_at=breach_at,
                    memory_bytes=r.integer("memory_bytes"), feedback=feedback,
                    first_deviation=first, judged_logprob=r.number("judged_logprob", None),
-                   judging=r.flag("judging", False))
+                   judging=r.flag("judging", False), decode_ms=decode_ms)
 
 
 def _triples(r: FieldReader, name: str) -> list[list[float]]:

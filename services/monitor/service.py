@@ -146,7 +146,7 @@ def generation_row(telemetry: GenerationTelemetry, r: GenerationRecord) -> dict:
             "logprob": r.logprob, "exits": r.exits, "breaches": len(r.breach_at),
             "memory_bytes": r.memory_bytes, "checked": r.checked, "agreed": r.agreed,
             "first_deviation": r.first_deviation, "judged_logprob": r.judged_logprob,
-            "judging": r.judging}
+            "judging": r.judging, "decode_ms": r.decode_ms}
 
 
 async def subscribe(nc: Client):

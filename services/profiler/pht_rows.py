@@ -3,8 +3,8 @@
 how soon it answered, how well it predicted the served text and where its tokens left.
 
 The input is the store's ``generations`` rows (dicts: ``assessment``, ``candidate``,
-``depth``, ``tokens``, ``ttft_ms``, ``tpot_ms``, ``duration_ms``, ``logprob``, ``exits``
-{layer: tokens}, ``memory_bytes``); the output dicts carry exactly the fields of
+``depth``, ``tokens``, ``ttft_ms``, ``tpot_ms``, ``duration_ms``, ``decode_ms`` (optional),
+``logprob``, ``exits`` {layer: tokens}, ``memory_bytes``); the output dicts carry exactly the fields of
 ``services.optimizer.helios.PhtRow``, what ``Store.record_pht`` stores. Streams outside any
 assessment (``assessment`` None) and groups that emitted no token are left out: there is no
 speed or perplexity to report for them. Where the paper is vague the docstrings say "Choice:".
@@ -38,10 +38,13 @@ def pht_row(assessment: int, candidate: str, depth: int,
     """The PHT row of ``streams``, all served by ``candidate`` at ``depth`` in ``assessment``;
     None when they emitted no token.
 
-    Choice: ``tokens_per_s`` is the tokens over the time the streams decoded (each from its
-    acceptance by the worker to its last token), i.e. one stream's decoding speed weighted by
-    its length, not the worker's throughput over concurrent streams (which depends on the
-    load, not on the candidate). ``ttft_ms`` is the mean over streams (one first token
+    Choice: ``tokens_per_s`` is the tokens over the time the streams decoded, i.e. one
+    stream's decoding speed weighted by its length, not the worker's throughput over
+    concurrent streams (which depends on the load, not on the candidate). A stream's time is
+    its ``decode_ms`` where the worker measured it: the time in its own candidate's
+    decoding calls. While a candidate is evaluated its rounds also step the served model's
+    draining streams and run the judge, so the time from acceptance to last token
+    (``duration_ms``, the fallback) would charge it for another candidate's work. ``ttft_ms`` is the mean over streams (one first token
     each); ``tpot_ms`` the mean over tokens; ``perplexity`` exp of the mean negative
     log-probability per token, judged by the served model where it judged (another
     candidate's evaluation streams: so candidates compare) else by the candidate itself;
@@ -49,7 +52,7 @@ def pht_row(assessment: int, candidate: str, depth: int,
     tokens = sum(int(s["tokens"]) for s in streams)
     if tokens <= 0:
         return None
-    duration_ms = sum(float(s["duration_ms"]) for s in streams)
+    duration_ms = sum(_decoding_ms(s) for s in streams)
     nll = -sum(_judged(s) for s in streams) / tokens
     return {"candidate": candidate, "assessment": assessment, "loaded_depth": depth,
             "tokens_per_s": tokens * 1000.0 / duration_ms if duration_ms > 0 else 0.0,
@@ -59,6 +62,13 @@ def pht_row(assessment: int, candidate: str, depth: int,
             "exit_distribution": exit_distribution(s["exits"] for s in streams),
             "memory_bytes": max(int(s["memory_bytes"]) for s in streams),
             "tokens": tokens}
+
+
+def _decoding_ms(stream: Mapping[str, Any]) -> float:
+    """The time ``stream`` spent in its candidate's decoding calls, else (not measured) from
+    its acceptance to its last token."""
+    own = stream.get("decode_ms")
+    return float(stream["duration_ms"] if own is None else own)
 
 
 def _judged(stream: Mapping[str, Any]) -> float:

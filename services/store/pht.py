@@ -34,7 +34,7 @@ DECISION_KINDS = ("evaluate", "load", "unload", "switch", "stay")
 GENERATION_COLUMNS = ("id", "request_id", "model", "worker", "received_at", "candidate",
                       "depth", "assessment", "prompt_tokens", "tokens", "ttft_ms", "tpot_ms",
                       "duration_ms", "logprob", "exits", "breaches", "memory_bytes", "checked",
-                      "agreed", "first_deviation", "judged_logprob", "judging")
+                      "agreed", "first_deviation", "judged_logprob", "judging", "decode_ms")
 
 # Which candidate and depth served each request of a model, and why: the decision in force
 # when the request arrived (the newest one at or before it). One query on both back ends.
@@ -85,7 +85,8 @@ def _generation_row(r: Mapping[str, Any]) -> dict[str, Any]:
             "checked": int(r.get("checked", 0)), "agreed": int(r.get("agreed", 0)),
             "first_deviation": _opt(int, r.get("first_deviation")),
             "judged_logprob": _opt(float, r.get("judged_logprob")),
-            "judging": bool(r.get("judging", False))}
+            "judging": bool(r.get("judging", False)),
+            "decode_ms": _opt(float, r.get("decode_ms"))}
 
 
 class HeliosHistory:

@@ -404,3 +404,5 @@ class Generation(Base):
     judged_logprob: Mapped[float | None] = mapped_column(Float, nullable=True)
     # the served model is still scoring it: judged_logprob comes later; out of the PHT until
     judging: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    # in its own candidate's decoding calls (null: not measured): the PHT's tokens/s
+    decode_ms: Mapped[float | None] = mapped_column(Float, nullable=True)

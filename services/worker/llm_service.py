@@ -244,23 +244,34 @@ class LlmWorker:
                         s.id, errors.INTERNAL, f"decoding failed: {exc!r}"),
                         self._row(s.id, s.received, errors.INTERNAL))
                 continue
-            self._publish_round(out)
+            self._publish_round(*out)
 
-    def _round(self, new: list[Sequence], running: list[Sequence]) -> list[StepResult]:
-        """In a thread: first tokens of ``new``, the next token of ``running``."""
-        results = self.decoder.prefill(new) if new else []
+    def _round(self, new: list[Sequence], running: list[Sequence],
+               ) -> tuple[list[StepResult], dict[str, float]]:
+        """In a thread: first tokens of ``new``, the next token of ``running``; and the ms
+        each stream spent in the call of its own candidate's decoder (the PHT's speed must
+        not charge a candidate for the other one's steps sharing the round)."""
         old = self.old
         theirs = [q for q in running if old is not None and q.request_id in old.ids]
         mine = [q for q in running if old is None or q.request_id not in old.ids]
-        if mine:
-            results += self.decoder.step(mine, self.thresholds)
-        if theirs:
-            results += old.decoder.step(theirs, old.thresholds)
+        results: list[StepResult] = []
+        spent: dict[str, float] = {}
+        for seqs, call in ((new, lambda: self.decoder.prefill(new)),
+                           (mine, lambda: self.decoder.step(mine, self.thresholds)),
+                           (theirs, lambda: old.decoder.step(theirs, old.thresholds))):
+            if seqs:
+                started = time.perf_counter()
+                results += call()
+                ms = (time.perf_counter() - started) * 1e3
+                spent.update((q.request_id, ms) for q in seqs)
         self.rounds += 1
-        return results
+        return results, spent
 
-    def _publish_round(self, out: list[StepResult]) -> None:
+    def _publish_round(self, out: list[StepResult], spent: dict[str, float]) -> None:
         now = time.monotonic()
+        for rid, ms in spent.items():
+            if rid in self.active:
+                self.active[rid][0].decode_ms += ms
         messages: list[tuple[str, bytes]] = []
         ended: list[tuple[GenStream, Sequence, Any]] = []
         for r in out:

@@ -49,6 +49,7 @@ class GenStream:
     first_deviation: int | None = None
     seq: int = 0
     finish: str = ""
+    decode_ms: float = 0.0           # in its own candidate's prefill and steps (HELIOS's PHT)
 
     @property
     def id(self) -> str:
@@ -120,7 +121,8 @@ class GenStream:
         return GenerationRecord(
             self.id, self.received, self.candidate, self.depth, self.assessment, len(self.prompt),
             len(self.tokens), ttft, tpot, duration, self.logprob, dict(Counter(self.exits)),
-            list(self.breach_at), memory_bytes, list(self.feedback), self.first_deviation)
+            list(self.breach_at), memory_bytes, list(self.feedback), self.first_deviation,
+            decode_ms=self.decode_ms)
 
 
 def prompt_problem(prompt: list[int], max_tokens: int, vocab: int,

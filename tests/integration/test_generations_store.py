@@ -23,7 +23,7 @@ def gen(rid: str, candidate: str = "opt-1.3b", depth: int = 12, assessment: int 
             "ttft_ms": 40.0, "tpot_ms": 20.0, "duration_ms": 240.0, "logprob": -5.5,
             "exits": {6: tokens - 2, 12: 2}, "breaches": 1, "memory_bytes": 3_000_000_000,
             "checked": 2, "agreed": 1, "first_deviation": 4, "judged_logprob": -6.25,
-            "judging": False}
+            "judging": False, "decode_ms": 180.0}
 
 
 def _count(store: Store) -> int:

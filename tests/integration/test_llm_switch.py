@@ -163,6 +163,32 @@ def test_a_switch_mid_stream_goes_on_exactly_under_the_new_candidate(models, mon
     assert _tokens(writes, "b") == want[:5]
 
 
+def test_each_stream_is_charged_only_its_own_candidates_decoding_call(monkeypatch):
+    # a round prefills new streams and steps both candidates while one drains: each stream's
+    # decode time is the call that advanced it (a fake clock the fake decoders move)
+    import services.worker.llm_service as svc
+
+    clock = [0.0]
+    monkeypatch.setattr(svc.time, "perf_counter", lambda: clock[0])
+
+    def decoder(prefill_s: float, step_s: float) -> SimpleNamespace:
+        def run(seconds):
+            def call(seqs, *_):
+                clock[0] += seconds
+                return [q.request_id for q in seqs]
+            return call
+        return SimpleNamespace(prefill=run(prefill_s), step=run(step_s))
+
+    worker = SimpleNamespace(decoder=decoder(0.010, 0.030), thresholds={}, rounds=0,
+                             old=SimpleNamespace(decoder=decoder(9.0, 0.050), thresholds={},
+                                                 ids={"old"}))
+    seq = [SimpleNamespace(request_id=r) for r in ("new", "mine", "old")]
+    results, spent = svc.LlmWorker._round(worker, seq[:1], seq[1:])
+    assert sorted(results) == ["mine", "new", "old"] and worker.rounds == 1
+    assert spent == {"new": pytest.approx(10.0), "mine": pytest.approx(30.0),
+                     "old": pytest.approx(50.0)}
+
+
 def test_a_switch_to_a_partial_depth_releases_the_layers_above(models):
     async def plan(w, submit) -> None:
         w.on_choice(_choice(3, "tiny-twin", depth=4))

@@ -209,6 +209,24 @@ def test_each_answered_stream_reports_what_served_it_and_how(llm):
     assert rec.logprob < 0 and rec.memory_bytes > 0 and rec.duration_ms >= rec.ttft_ms
 
 
+def test_a_streams_decode_time_is_its_candidates_calls_not_the_whole_round(llm, monkeypatch):
+    import services.worker.llm_service as svc
+
+    original = svc.LlmWorker._round
+    pause_ms = 30.0
+
+    def padded(self, new, running):  # work in the round that is not this candidate's decoding
+        time.sleep(pause_ms / 1e3)
+        return original(self, new, running)
+
+    monkeypatch.setattr(svc.LlmWorker, "_round", padded)
+    writes = _serve(llm, [GenerateRequest("d", "tiny-llm", 6, prompt="The sea")])
+    rec = _generation(_end(writes, "d"))
+    assert rec.tokens >= 2 and rec.decode_ms is not None and rec.decode_ms > 0
+    # one pause per round before each token, none of them counted
+    assert rec.decode_ms <= rec.duration_ms - pause_ms * rec.tokens
+
+
 def _saved(llm: LoadedLlm, folder) -> LoadedLlm:
     """The tiny model with its weights saved, as preparation leaves a base model: what
     partial loading reads released layers back from."""

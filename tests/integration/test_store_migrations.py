@@ -49,7 +49,7 @@ def test_upgrade_creates_tables_and_indexes(url: str) -> None:
     assert migrate.current(url) is None
     migrate.upgrade(url)
     assert _tables(url) == TABLES
-    assert migrate.current(url) == migrate.head() == "0014_generation_judging"
+    assert migrate.current(url) == migrate.head() == "0015_generation_decode_ms"
     engine = make_engine(url)
     try:
         insp = inspect(engine)

@@ -47,6 +47,15 @@ def test_one_row_per_assessment_candidate_and_depth_hand_computed():
     assert large["exit_distribution"] == {32: 1.0}
 
 
+def test_speed_counts_a_streams_own_decoding_calls_where_the_worker_measured_them():
+    # an evaluated candidate's rounds also step the served model and run the judge: only
+    # its own calls count (120 + 200 ms), a stream without the figure counts its duration
+    own = [{**SMALL_A, "decode_ms": 120.0}, {**SMALL_B, "decode_ms": 200.0}]
+    assert pht_rows_from_generations(own)[0]["tokens_per_s"] == pytest.approx(40 * 1000 / 320)
+    mixed = [{**SMALL_A, "decode_ms": 120.0}, {**SMALL_B, "decode_ms": None}]
+    assert pht_rows_from_generations(mixed)[0]["tokens_per_s"] == pytest.approx(40 * 1000 / 480)
+
+
 def test_rows_carry_exactly_the_pht_row_fields():
     (row,) = pht_rows_from_generations([SMALL_A])
     assert set(row) == {f.name for f in fields(PhtRow)}

@@ -764,7 +764,8 @@ def test_deployment_plan_fields() -> None:
 
 GENERATIONS = GenerationTelemetry("chat", "chat-s0-abcdef", [
     GenerationRecord("g-1", 1700000000.5, "opt-1.3b", 12, 3, 7, 5, 40.0, 20.0, 120.0, -2.5,
-                     {6: 3, 12: 2}, [1, 4], 3_000_000_000, judged_logprob=-3.75),
+                     {6: 3, 12: 2}, [1, 4], 3_000_000_000, judged_logprob=-3.75,
+                     decode_ms=96.5),
     GenerationRecord("g-2", 1700000001.0, "opt-1.3b", 12, None, 4, 1, 35.0, 0.0, 35.0, -0.25,
                      {12: 1}, [], 2_900_000_000, judging=True),
 ])
@@ -781,8 +782,10 @@ def test_generation_telemetry_fields_round_trip_and_bytes() -> None:
     assert data == documented_bytes(section, {**msg, "records": [
         {k: r[k] for k in table_order(record)} for r in msg["records"]]})
     assert GenerationTelemetry.decode(decode_map(data)) == GENERATIONS
-    bare = {k: v for k, v in msg["records"][1].items() if k not in ("assessment", "judging")}
+    bare = {k: v for k, v in msg["records"][1].items()
+            if k not in ("assessment", "judging", "decode_ms")}
     assert GenerationRecord.from_map(bare, 0).assessment is None  # absent = nil
+    assert GenerationRecord.from_map(bare, 0).decode_ms is None  # absent = nil
     assert not GenerationRecord.from_map(bare, 0).judging  # absent = false
     assert GENERATIONS.records[0].completes and not GENERATIONS.records[1].completes
 
@@ -792,6 +795,7 @@ def test_generation_telemetry_fields_round_trip_and_bytes() -> None:
     ({"breach_at": [5]}, ("must index the 5 tokens",)),
     ({"tokens": None}, ("'tokens'",)),
     ({"memory_bytes": None}, ("'memory_bytes'",)),
+    ({"decode_ms": -1.0}, ("decode_ms -1.0 must be >= 0",)),
 ])
 def test_malformed_generation_telemetry_is_refused(change: dict, fragments: tuple) -> None:
     msg = client_decode(GENERATIONS.encode())

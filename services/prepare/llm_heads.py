@@ -419,7 +419,7 @@ def prepare_configured(cfg, force: bool = False, log: Log = print,
     key = smollm2.weights_key(gguf)
     fp32 = smollm2.cache_path(cache, key)
     started = time.monotonic()
-    corpus = llm_corpus.load_corpus(recipe.seed, recipe.held_out, cfg.home / "data")
+    corpus = llm_corpus.load_corpus(recipe.seed, recipe.held_out, cfg.home / "data", fetch=True)
     sizes = [f"{len(corpus.train[k]) + len(corpus.held[k]):,} {k} documents "
              f"({corpus.sources[k]})" for k in corpus.kinds]
     log(f"corpus: {', '.join(sizes)}, {time.monotonic() - started:.1f} s")

@@ -111,7 +111,7 @@ def prepare_configured(cfg, force: bool = False, log: Callable[[str], None] = pr
     cache = cfg.home / "cache"
     key = pruned_key(smollm2.weights_key(smollm2.gguf_path()), DROP)
     folder = cache / f"{NAME}-fp32-{key}"
-    corpus = llm_corpus.load_corpus(RECIPE.seed, RECIPE.held_out, cfg.home / "data")
+    corpus = llm_corpus.load_corpus(RECIPE.seed, RECIPE.held_out, cfg.home / "data", fetch=True)
 
     def load() -> tuple[nn.Module, object]:  # only when the heads must be trained
         from transformers import AutoModelForCausalLM

@@ -3,12 +3,13 @@
 Two kinds of text, kept apart because a later benchmark drifts between them and exit
 heads may do well on one and badly on the other:
 
-- ``prose``: English quotes from Debian's ``fortunes`` when they are already on this
-  machine (the project's parsed cache ``$OFFRAMP_HOME/data/fortunes-v1.json.gz``, which
-  preparing ``minilm-topics`` writes, or an installed ``/usr/share/games/fortunes``);
-  nothing is downloaded. Without them, the paragraphs of the licence texts under
-  ``/usr/share/common-licenses`` and the descriptions of installed Python distributions
-  stand in (``Corpus.sources`` says which).
+- ``prose``: English quotes from Debian's ``fortunes`` (the project's parsed cache
+  ``$OFFRAMP_HOME/data/fortunes-v1.json.gz``, or an installed ``/usr/share/games/fortunes``).
+  Only a preparation (``fetch``) downloads them when neither is there, as preparing
+  ``minilm-topics`` does, so heads are distilled from the same text whichever model was
+  prepared first; readers such as the benches never download. Without them, the paragraphs
+  of the licence texts under ``/usr/share/common-licenses`` and the descriptions of installed
+  Python distributions stand in (``Corpus.sources`` says which and why).
 - ``code``: Python functions and classes with docstrings from the standard library and
   a few installed packages, read with ``ast`` (never imported): the header and docstring,
   and the body too when the function is short.
@@ -108,11 +109,19 @@ def _fallback_prose() -> list[str]:
     return list(seen)
 
 
-def prose_documents(cache_dir: Path | None = None) -> tuple[list[str], str]:
-    """(documents, source) of the prose kind: fortunes if present, else the fallback."""
+def prose_documents(cache_dir: Path | None = None,
+                    fetch: bool = False) -> tuple[list[str], str]:
+    """(documents, source) of the prose kind: fortunes if present (with ``fetch``, downloaded
+    and cached when absent), else the fallback."""
+    why = "fortunes absent"
     if fortunes_present(cache_dir):
         return _fortunes(cache_dir), "debian-fortunes"
-    return _fallback_prose(), "licences+package-descriptions (fortunes absent)"
+    if fetch:
+        try:
+            return _fortunes(cache_dir), "debian-fortunes"
+        except text_corpus.CorpusUnavailable as exc:
+            why = f"fortunes unavailable: {exc}"
+    return _fallback_prose(), f"licences+package-descriptions ({why})"
 
 
 # ------------------------------------------------------------------------ code
@@ -202,9 +211,11 @@ def build_corpus(kinds: dict[str, list[str]], held_out: float = 0.2, seed: int =
     return Corpus(train, held, dict(sources or {}))
 
 
-def load_corpus(seed: int = 0, held_out: float = 0.2, cache_dir: Path | None = None) -> Corpus:
-    """Prose and code, split by document (deterministic for a seed and a machine's files)."""
-    prose, prose_src = prose_documents(cache_dir)
+def load_corpus(seed: int = 0, held_out: float = 0.2, cache_dir: Path | None = None,
+                fetch: bool = False) -> Corpus:
+    """Prose and code, split by document (deterministic for a seed and a machine's files);
+    ``fetch``: download the fortunes when absent (preparations)."""
+    prose, prose_src = prose_documents(cache_dir, fetch)
     code, code_src = code_documents()
     return build_corpus({"prose": prose, "code": code}, held_out, seed,
                         {"prose": prose_src, "code": code_src})

@@ -81,6 +81,33 @@ def test_prose_falls_back_without_fortunes(tmp_path, monkeypatch):
                         "THE SOFTWARE IS PROVIDED AS IS, WITHOUT WARRANTY."]
 
 
+def test_a_preparation_downloads_absent_fortunes_once_and_says_why_it_could_not(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(lc.text_corpus, "SYSTEM_FORTUNES", tmp_path / "absent")
+    monkeypatch.setattr(lc, "LICENSES", tmp_path / "no-licences")
+    quote = "A quote long enough to be a document of its own, about work."
+    fetched = []
+
+    def fetch(*a, **k):
+        fetched.append(1)
+        return {"work": [quote, "Too short."]}, "debian-fortunes 1.99"
+
+    monkeypatch.setattr(lc.text_corpus, "fetch_fortunes", fetch)
+    cache = tmp_path / "cache"
+    assert "fortunes absent" in lc.prose_documents(cache)[1] and not fetched  # readers don't
+    assert lc.prose_documents(cache, fetch=True) == ([quote], "debian-fortunes")
+    assert lc.prose_documents(cache, fetch=True) == ([quote], "debian-fortunes")
+    assert fetched == [1] and lc.fortunes_present(cache)  # cached: downloaded once
+
+    def fail(*a, **k):
+        raise lc.text_corpus.CorpusUnavailable("apt-get download fortunes-min failed")
+
+    monkeypatch.setattr(lc.text_corpus, "fetch_fortunes", fail)
+    _, source = lc.prose_documents(tmp_path / "other", fetch=True)
+    assert source == ("licences+package-descriptions (fortunes unavailable: "
+                      "apt-get download fortunes-min failed)")
+
+
 def test_prose_reads_installed_fortunes_and_caches_them(tmp_path, monkeypatch):
     system = tmp_path / "fortunes"
     system.mkdir()

@@ -4,8 +4,8 @@ how soon it answered, how well it predicted the served text and where its tokens
 
 The input is the store's ``generations`` rows (dicts: ``assessment``, ``candidate``,
 ``depth``, ``tokens``, ``ttft_ms``, ``tpot_ms``, ``duration_ms``, ``decode_ms`` (optional),
-``logprob``, ``exits`` {layer: tokens}, ``memory_bytes``); the output dicts carry exactly the fields of
-``services.optimizer.helios.PhtRow``, what ``Store.record_pht`` stores. Streams outside any
+``logprob``, ``exits`` {layer: tokens}, ``memory_bytes``); the output dicts carry exactly the
+fields of ``services.optimizer.helios.PhtRow``, what ``Store.record_pht`` stores. Streams outside any
 assessment (``assessment`` None) and groups that emitted no token are left out: there is no
 speed or perplexity to report for them. Where the paper is vague the docstrings say "Choice:".
 """
@@ -44,18 +44,18 @@ def pht_row(assessment: int, candidate: str, depth: int,
     its ``decode_ms`` where the worker measured it: the time in its own candidate's
     decoding calls. While a candidate is evaluated its rounds also step the served model's
     draining streams and run the judge, so the time from acceptance to last token
-    (``duration_ms``, the fallback) would charge it for another candidate's work. ``ttft_ms`` is the mean over streams (one first token
-    each); ``tpot_ms`` the mean over tokens; ``perplexity`` exp of the mean negative
-    log-probability per token, judged by the served model where it judged (another
-    candidate's evaluation streams: so candidates compare) else by the candidate itself;
-    ``memory_bytes`` the largest stream's (weights plus its KV cache: what must fit)."""
+    (``duration_ms``, the fallback) would charge it for another candidate's work.
+    ``ttft_ms`` is the mean over streams (one first token each); ``tpot_ms`` the mean over
+    tokens; ``perplexity`` exp of the mean negative log-probability per token, judged by the
+    served model where it judged (another candidate's evaluation streams: so candidates
+    compare) else by the candidate itself; ``memory_bytes`` the largest stream's (weights plus its KV cache: what must fit)."""
     tokens = sum(int(s["tokens"]) for s in streams)
     if tokens <= 0:
         return None
-    duration_ms = sum(_decoding_ms(s) for s in streams)
+    decoding_ms = sum(_decoding_ms(s) for s in streams)
     nll = -sum(_judged(s) for s in streams) / tokens
     return {"candidate": candidate, "assessment": assessment, "loaded_depth": depth,
-            "tokens_per_s": tokens * 1000.0 / duration_ms if duration_ms > 0 else 0.0,
+            "tokens_per_s": tokens * 1000.0 / decoding_ms if decoding_ms > 0 else 0.0,
             "ttft_ms": sum(float(s["ttft_ms"]) for s in streams) / len(streams),
             "tpot_ms": sum(float(s["tpot_ms"]) * int(s["tokens"]) for s in streams) / tokens,
             "perplexity": math.exp(min(nll, MAX_MEAN_NLL)),

@@ -114,9 +114,7 @@ def prose_documents(cache_dir: Path | None = None,
     """(documents, source) of the prose kind: fortunes if present (with ``fetch``, downloaded
     and cached when absent), else the fallback."""
     why = "fortunes absent"
-    if fortunes_present(cache_dir):
-        return _fortunes(cache_dir), "debian-fortunes"
-    if fetch:
+    if fetch or fortunes_present(cache_dir):
         try:
             return _fortunes(cache_dir), "debian-fortunes"
         except text_corpus.CorpusUnavailable as exc:
